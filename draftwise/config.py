@@ -1,0 +1,100 @@
+"""Engine configuration: the validated form of the ``LLM(...)`` / ``draftwise serve`` arguments.
+
+``EngineConfig.from_kwargs`` is the single entry point. It rejects unknown
+arguments and invalid values with a ``ValueError`` naming the argument, and
+resolves the ``"auto"`` choices (dtype, device) for this machine.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+_DEVICES = ("auto", "cpu", "cuda")
+BLOCK_SIZE = 16
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str | torch.dtype = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    speculative_config: dict | str | None = None
+    additional_config: dict | None = None
+    device: str = "auto"
+    block_size: int = BLOCK_SIZE
+    # Resolved later by the engine from the model config.
+    model_path: Path | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
+        return cls(**kwargs)
+
+    def __post_init__(self) -> None:
+        _int_at_least("seed", self.seed, 0)
+        _int_at_least("max_num_seqs", self.max_num_seqs, 1)
+        for name in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"):
+            if getattr(self, name) is not None:
+                _int_at_least(name, getattr(self, name), 1)
+        _int_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: "
+                             "draftwise runs on a single device (use 1)")
+        if not isinstance(self.enforce_eager, bool):
+            raise ValueError(f"enforce_eager={self.enforce_eager!r} must be a bool")
+        if self.device not in _DEVICES:
+            raise ValueError(f"device={self.device!r} is invalid; allowed: {list(_DEVICES)}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but no CUDA device is available")
+        if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
+        if self.additional_config is not None and not isinstance(self.additional_config, dict):
+            raise ValueError(f"additional_config must be a dict, got {type(self.additional_config).__name__}")
+        if self.speculative_config is not None:
+            raise ValueError("speculative_config: speculative decoding is not implemented yet in this build")
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        return torch.bfloat16 if _bf16_is_fast(self.torch_device) else torch.float32
+
+
+def _int_at_least(name: str, value, lo: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise ValueError(f"{name}={value!r} is invalid: must be an int >= {lo}")
+
+
+def _bf16_is_fast(device: torch.device) -> bool:
+    """bf16 pays off on GPUs and on CPUs with native bf16 matmul (AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags

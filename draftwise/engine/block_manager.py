@@ -1,0 +1,50 @@
+"""Paged KV-cache bookkeeping: fixed-size blocks, per-sequence block lists.
+
+The cache itself is one tensor owned by the model runner; this class only
+hands out block ids. ``ensure(seq, num_slots)`` grows a sequence's block list
+so that slots ``[0, num_slots)`` exist; ``trim(seq, num_slots)`` gives back
+blocks past ``num_slots``. Together they let a step append several tokens
+(prefill chunks, drafts to verify) and roll rejected ones back in O(blocks).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache holds no block of {block_size} tokens: raise kv_cache_memory_bytes")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.free_block_ids: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def blocks_needed(self, seq: Sequence, num_slots: int) -> int:
+        return max(0, -(-num_slots // self.block_size) - len(seq.block_ids))
+
+    def ensure(self, seq: Sequence, num_slots: int) -> bool:
+        """Give ``seq`` enough blocks for ``num_slots`` slots; False (and no change) if out of blocks."""
+        needed = self.blocks_needed(seq, num_slots)
+        if needed > self.num_free_blocks:
+            return False
+        seq.block_ids.extend(self.free_block_ids.popleft() for _ in range(needed))
+        return True
+
+    def trim(self, seq: Sequence, num_slots: int) -> None:
+        keep = -(-num_slots // self.block_size)
+        while len(seq.block_ids) > keep:
+            self.free_block_ids.append(seq.block_ids.pop())
+
+    def free(self, seq: Sequence) -> None:
+        self.free_block_ids.extend(reversed(seq.block_ids))
+        seq.block_ids = []

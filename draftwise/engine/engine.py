@@ -1,0 +1,166 @@
+"""LLMEngine: requests in, ``RequestOutput``s out, one ``step()`` at a time.
+
+``add_request`` validates and tokenizes a prompt and queues its ``n``
+sequences; a bad request raises ``ValueError`` before touching any state, so
+the requests already in flight are unaffected. ``step`` schedules a batch,
+runs it, applies the sampled tokens and returns the outputs of the requests
+that progressed (finished ones are released from the cache at once).
+``abort_request`` frees a request's blocks immediately.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoTokenizer
+
+from ..config import EngineConfig
+from ..models.loader import resolve_model
+from ..models.registry import build_model, load_config
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .block_manager import BlockManager
+from .memory import default_kv_cache_bytes
+from .model_runner import ModelRunner
+from .output_processor import OutputProcessor
+from .scheduler import Scheduler
+from .sequence import Sequence
+
+logger = logging.getLogger("draftwise")
+
+
+@dataclass
+class _Request:
+    prompt: str | None
+    seqs: list[Sequence]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        path = resolve_model(config.model)
+        config.model_path = path
+        self.hf_config = load_config(path)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
+        self.max_model_len = _max_model_len(config, self.hf_config)
+        self.device, self.dtype = config.torch_device, config.torch_dtype
+        model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len)
+        self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
+        kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
+            ModelRunner.kv_bytes_per_token(model, self.dtype), config.max_num_seqs, self.max_model_len)
+        per_block = ModelRunner.kv_bytes_per_token(model, self.dtype) * config.block_size
+        num_blocks = kv_bytes // per_block
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
+                                  self.eos_token_ids)
+        max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
+        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
+        self.requests: dict[str, _Request] = {}
+        self._seed_rng = random.Random(config.seed)
+        logger.info("draftwise: %s on %s (%s), max_model_len=%d, KV cache %d blocks x %d tokens",
+                    path.name, self.device, self.dtype, self.max_model_len, num_blocks, config.block_size)
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in the engine")
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids, params)
+        arrival = arrival_time or time.time()
+        seqs = []
+        for i in range(params.n):
+            seed = params.seed + i if params.seed is not None else self._seed_rng.getrandbits(63)
+            seqs.append(Sequence(request_id, i, token_ids, params, seed, arrival))
+        self.requests[request_id] = _Request(text, seqs)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        for rid in ids:
+            request = self.requests.pop(rid, None)
+            for seq in request.seqs if request else []:
+                if not seq.is_finished:
+                    seq.finish_reason = "abort"
+                    self.scheduler.finish(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        result = self.runner.execute(plan.scheduled)
+        for item in plan.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        for seq in self.output_processor.append(result):
+            self.scheduler.finish(seq)
+        touched = dict.fromkeys(s.request_id for s in result.seqs)
+        outputs = []
+        for rid in touched:
+            request = self.requests[rid]
+            out = self.output_processor.make_output(rid, request.prompt, request.seqs)
+            if out.finished:
+                del self.requests[rid]
+            outputs.append(out)
+        return outputs
+
+    # ------------------------------------------------------------------ helpers
+    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
+                    raise ValueError("prompt_token_ids must be a list of ints")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
+        return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.hf_config.vocab_size
+        if any(t < 0 or t >= vocab for t in token_ids):
+            raise ValueError(f"prompt_token_ids must be in [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len="
+                             f"{self.max_model_len} allows (it must leave room for one output token)")
+        longest = min(self.max_model_len, len(token_ids) + (params.max_tokens or self.max_model_len))
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        if longest > capacity:
+            raise ValueError(f"this request may need {longest} KV slots but the whole KV cache holds "
+                             f"{capacity}: raise kv_cache_memory_bytes or lower max_tokens")
+
+
+def _max_model_len(config: EngineConfig, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
+                         f"max_position_embeddings={limit}")
+    return config.max_model_len
+
+
+def _eos_ids(hf_config, tokenizer) -> set[int]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,110 @@
+"""Applies sampled tokens to sequences: stop conditions, detokenization, outputs.
+
+Stop rules, checked after each appended token, in vLLM's order: EOS (unless
+``ignore_eos``), ``stop_token_ids``, stop strings (the text is cut before the
+match unless ``include_stop_str_in_output``), ``max_tokens``, and the model's
+context length. None of them fires before ``min_tokens`` tokens.
+"""
+from __future__ import annotations
+
+import time
+
+from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from .model_runner import StepResult
+from .sequence import Sequence
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: set[int], max_model_len: int):
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+
+    def append(self, result: StepResult) -> list[Sequence]:
+        """Append each sampled token; return the sequences that finished."""
+        now = time.time()
+        finished = []
+        for i, seq in enumerate(result.seqs):
+            token = result.token_ids[i]
+            seq.all_token_ids.append(token)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            if result.logprobs is not None and seq.logprobs is not None:
+                self._record_logprobs(seq, result, i)
+            if self._check_stop(seq, token):
+                seq.finished_time = now
+                finished.append(seq)
+        return finished
+
+    def _record_logprobs(self, seq: Sequence, result: StepResult, i: int) -> None:
+        token = result.token_ids[i]
+        entry = {token: Logprob(result.logprobs[i], result.ranks[i])}
+        num_top = seq.params.logprobs
+        if num_top and result.top_ids is not None:
+            for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:num_top], result.top_logprobs[i][:num_top])):
+                entry.setdefault(tid, Logprob(lp, rank + 1))
+        for tid, lp in entry.items():
+            lp.decoded_token = self.tokenizer.decode([tid])
+        seq.logprobs.append(entry)
+        seq.cumulative_logprob += result.logprobs[i]
+
+    def _check_stop(self, seq: Sequence, token: int) -> bool:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token in self.eos_token_ids and not params.ignore_eos:
+                seq.finish_reason = "stop"
+                return True
+            if token in params.stop_token_ids:
+                seq.finish_reason, seq.stop_reason = "stop", token
+                return True
+            if params.stop_strings and self._match_stop_string(seq):
+                return True
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            seq.finish_reason = "length"
+            return True
+        if seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = "length"
+            return True
+        return False
+
+    def _match_stop_string(self, seq: Sequence) -> bool:
+        text = self.decode(seq)
+        longest = max(len(s) for s in seq.params.stop_strings)
+        search_from = max(0, len(seq.text) - longest)
+        seq.text = text
+        hits = [(text.find(s, search_from), s) for s in seq.params.stop_strings]
+        hits = [(pos, s) for pos, s in hits if pos >= 0]
+        if not hits:
+            return False
+        pos, stop = min(hits)
+        seq.text = text[:pos + len(stop)] if seq.params.include_stop_str_in_output else text[:pos]
+        seq.finish_reason, seq.stop_reason = "stop", stop
+        return True
+
+    def decode(self, seq: Sequence) -> str:
+        tokens = seq.output_token_ids
+        stopped_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        if stopped_by_token and not seq.params.include_stop_str_in_output:
+            tokens = tokens[:-1]  # the EOS / stop token is not part of the text
+        return self.tokenizer.decode(tokens, skip_special_tokens=seq.params.skip_special_tokens)
+
+    def make_output(self, request_id: str, prompt: str | None, seqs: list[Sequence]) -> RequestOutput:
+        completions = []
+        for seq in seqs:
+            if not isinstance(seq.stop_reason, str):  # a matched stop string already cut the text
+                seq.text = self.decode(seq)
+            logprobs_on = seq.params.logprobs is not None
+            completions.append(CompletionOutput(
+                index=seq.index, text=seq.text, token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.cumulative_logprob if logprobs_on else None,
+                logprobs=seq.logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+        first = seqs[0]
+        metrics = RequestMetrics(
+            arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
+            first_token_time=min((s.first_token_time for s in seqs if s.first_token_time), default=None),
+            finished_time=max((s.finished_time or 0 for s in seqs), default=None) or None,
+            num_generation_tokens=sum(s.num_output_tokens for s in seqs),
+            num_preemptions=sum(s.num_preemptions for s in seqs))
+        return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=first.prompt_token_ids,
+                             outputs=completions, finished=all(s.is_finished for s in seqs),
+                             metrics=metrics)

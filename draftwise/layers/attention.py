@@ -1,0 +1,106 @@
+"""Paged attention over a flat (varlen) token batch, in plain torch.
+
+Contract
+--------
+Every step the model runner builds one ``AttentionMetadata`` for the whole
+batch; each layer then (1) writes the new tokens' K/V into its paged cache at
+``slot_mapping`` and (2) attends each sequence's queries to that sequence's
+whole context, gathered from the cache through ``context_slots``.
+
+A sequence's context is laid out by position: ``context_slots[i, p]`` is the
+cache slot of position ``p`` of sequence ``i``. Queries are the tokens of this
+step (a prefill chunk, one decode token, or a decode token plus drafts to
+verify). Causality and sliding windows are expressed in the boolean masks, so
+several query tokens per sequence (chunked prefill, speculative verification)
+need nothing special.
+
+Example: two sequences, one decoding at position 5 and one prefilling
+positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
+(pad repeats a valid index), ``context_lens`` = [6, 3].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot for each new token's K/V
+    context_slots: torch.Tensor  # [num_seqs, max_context_len] slot of each context position
+    query_index: torch.Tensor | None  # [num_seqs, max_query_len]; None when every query_len == 1
+    query_unpad_index: torch.Tensor | None  # [num_tokens] rows of the padded [num_seqs*max_q] output
+    mask: torch.Tensor | None  # [num_seqs, 1, max_query_len, max_context_len] True = attend
+    sliding_mask: torch.Tensor | None  # same, also limited to the sliding window
+
+
+def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
+                   query_lens: list[int], context_lens: list[int], block_size: int,
+                   sliding_window: int | None, device: torch.device) -> AttentionMetadata:
+    """Flatten the scheduled batch into the index tensors every layer shares."""
+    num_seqs = len(query_lens)
+    max_q, max_ctx = max(query_lens), max(context_lens)
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
+    # Context slots, position-ordered.
+    key_pos = torch.arange(max_ctx, dtype=torch.int64)  # [max_ctx]
+    blocks = block_tables[:, key_pos // block_size].clamp_min(0)  # [num_seqs, max_ctx]
+    context_slots = blocks * block_size + key_pos % block_size
+    key_valid = key_pos[None, :] < ctx_lens[:, None]  # [num_seqs, max_ctx]
+    context_slots = torch.where(key_valid, context_slots, 0)
+    # Query positions: the last query_len positions of each context.
+    q_offset = torch.arange(max_q, dtype=torch.int64)
+    q_valid = q_offset[None, :] < q_lens[:, None]  # [num_seqs, max_q]
+    query_pos = (ctx_lens - q_lens)[:, None] + q_offset[None, :]
+    query_pos = torch.where(q_valid, query_pos, (ctx_lens - 1)[:, None])
+    slot_mapping = torch.gather(context_slots, 1, query_pos)[q_valid]  # [num_tokens]
+    query_index = query_unpad_index = None
+    if max_q > 1:
+        cu_q = torch.cumsum(q_lens, 0) - q_lens
+        flat = cu_q[:, None] + q_offset[None, :]
+        query_index = torch.where(q_valid, flat, cu_q[:, None])
+        query_unpad_index = torch.arange(num_seqs * max_q).view(num_seqs, max_q)[q_valid]
+    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [num_seqs, max_q, max_ctx]
+    mask = causal & key_valid[:, None, :]
+    need_mask = max_q > 1 or bool((ctx_lens != max_ctx).any())
+    sliding_mask = None
+    if sliding_window is not None and max_ctx > sliding_window:
+        sliding_mask = mask & (key_pos[None, None, :] > query_pos[:, :, None] - sliding_window)
+        sliding_mask = sliding_mask.unsqueeze(1).to(device)
+    elif sliding_window is not None and need_mask:
+        sliding_mask = mask.unsqueeze(1).to(device)
+    return AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        context_slots=context_slots.to(device),
+        query_index=None if query_index is None else query_index.to(device),
+        query_unpad_index=None if query_unpad_index is None else query_unpad_index.to(device),
+        mask=mask.unsqueeze(1).to(device) if need_mask else None,
+        sliding_mask=sliding_mask,
+    )
+
+
+def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+                    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+                    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+                    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+                    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+                    meta: AttentionMetadata, scale: float,
+                    sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+    k_cache.index_copy_(0, meta.slot_mapping, k)
+    v_cache.index_copy_(0, meta.slot_mapping, v)
+    keys = k_cache[meta.context_slots].transpose(1, 2)  # [num_seqs, kv_heads, ctx, head_dim]
+    values = v_cache[meta.context_slots].transpose(1, 2)
+    if meta.query_index is None:
+        queries = q.unsqueeze(2)  # [num_seqs, num_heads, 1, head_dim]
+    else:
+        queries = q[meta.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
+    mask = meta.sliding_mask if sliding else meta.mask
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=keys.shape[1] != queries.shape[1])
+    num_seqs, num_heads, max_q, head_dim = out.shape
+    out = out.transpose(1, 2).reshape(num_seqs * max_q, num_heads * head_dim)
+    if meta.query_unpad_index is not None:
+        out = out[meta.query_unpad_index]
+    return out

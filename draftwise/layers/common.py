@@ -1,0 +1,74 @@
+"""Building blocks shared by every decoder: RMSNorm, rotary embeddings, activations.
+
+All of them act on flat token batches: tensors are ``[num_tokens, ...]``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``offset=1`` gives Gemma's ``x * (1 + w)`` form (the +1 is folded into the weight)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def activation(name: str):
+    """Map a Hugging Face ``hidden_act`` name to a function."""
+    if name in ("silu", "swish"):
+        return F.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    raise ValueError(f"hidden_act={name!r} is not supported; allowed: silu, gelu, gelu_pytorch_tanh")
+
+
+def rope_tables(config, head_dim: int, layer_type: str | None,
+                max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``[max_positions, head_dim]`` for one layer type.
+
+    Frequencies come from transformers' own rope functions (default, linear,
+    llama3, yarn, ...), so every rope scaling a config names is honoured.
+    """
+    with torch.device("cpu"):  # tables are built on the host even under a meta-device init
+        return _rope_tables(config, head_dim, layer_type, max_positions)
+
+
+def _rope_tables(config, head_dim, layer_type, max_positions):
+    params = config.rope_parameters
+    if layer_type is not None and isinstance(params, dict) and layer_type in params:
+        params = params[layer_type]
+    else:
+        layer_type = None
+    rope_type = (params or {}).get("rope_type", "default")
+    if rope_type == "default":
+        base = params["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        scaling = 1.0
+    else:
+        kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **kwargs)
+        inv_freq = inv_freq.double()
+    positions = torch.arange(max_positions, dtype=torch.float64)
+    freqs = torch.outer(positions, inv_freq).float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scaling, emb.sin() * scaling
+
+
+def apply_rope(x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+               cos: torch.Tensor,  # [num_tokens, 1, head_dim]
+               sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,138 @@
+"""Sampling: logits of the rows that produce a token -> token ids (+ logprobs).
+
+Order of processing (as vLLM): penalties and min-tokens suppression on the
+raw logits; greedy rows take the argmax there. Sampled rows then go through
+temperature, min-p, top-k and top-p, and draw with the Gumbel-max trick
+``argmax(p / E)``, ``E ~ Exp(1)``. The noise is a pure function of
+``(seed, position, token id)`` (``uniform_noise``), so a request with a seed
+gets the same tokens whatever else is in the batch, after preemption, and
+with speculation on. Logprobs are the log-softmax of the raw logits (vLLM's
+default). Everything is batched: no loop over rows or vocabulary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling settings for one step; each tensor is ``[num_rows]`` unless noted."""
+    all_greedy: bool
+    greedy: torch.Tensor  # bool
+    temperature: torch.Tensor  # float32, 1.0 on greedy rows
+    top_k: torch.Tensor | None  # int64, vocab_size where disabled; None if no row uses it
+    top_p: torch.Tensor | None  # float32
+    min_p: torch.Tensor | None  # float32
+    seeds: torch.Tensor  # int64
+    positions: torch.Tensor  # int64, position of the token being sampled
+    penalties: "Penalties | None" = None
+    suppress_rows: torch.Tensor | None = None  # int64 [num_pairs] with suppress_ids: banned (row, id)
+    suppress_ids: torch.Tensor | None = None
+    max_num_logprobs: int | None = None
+
+
+@dataclass
+class Penalties:
+    presence: torch.Tensor  # [num_rows]
+    frequency: torch.Tensor  # [num_rows]
+    repetition: torch.Tensor  # [num_rows]
+    output_counts: torch.Tensor  # [num_rows, vocab] float32 occurrences in the output
+    seen: torch.Tensor  # [num_rows, vocab] bool, token occurs in prompt or output
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [num_rows] int64
+    logprobs: torch.Tensor | None = None  # [num_rows] logprob of the sampled token
+    ranks: torch.Tensor | None = None  # [num_rows]
+    top_ids: torch.Tensor | None = None  # [num_rows, max_num_logprobs]
+    top_logprobs: torch.Tensor | None = None  # [num_rows, max_num_logprobs]
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 integer hash on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_noise(seeds: torch.Tensor,  # [num_rows] int64
+                  positions: torch.Tensor,  # [num_rows] int64
+                  num_cols: int, stream: int = 0) -> torch.Tensor:  # [num_rows, num_cols] in (0, 1)
+    """Counter-based uniforms: a pure function of (seed, position, column, stream)."""
+    key = _mix32((seeds & _MASK32) ^ _mix32((seeds >> 32) & _MASK32))
+    key = _mix32((key + positions * 0x9E3779B9 + stream * 0x85EBCA6B) & _MASK32)
+    cols = torch.arange(num_cols, device=seeds.device, dtype=torch.int64)
+    bits = _mix32(_mix32((key[:, None] ^ (cols[None, :] * 0xC2B2AE35)) & _MASK32))
+    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def apply_penalties(logits: torch.Tensor, pen: Penalties) -> torch.Tensor:  # [num_rows, vocab]
+    rep = pen.repetition[:, None]
+    scaled = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(pen.seen, scaled, logits)
+    logits = logits - pen.frequency[:, None] * pen.output_counts
+    return logits - pen.presence[:, None] * (pen.output_counts > 0).float()
+
+
+def apply_top_k_top_p(logits: torch.Tensor,  # [num_rows, vocab]
+                      top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        kth = sorted_logits.gather(1, (vocab - top_k.clamp(1, vocab))[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1 - top_p[:, None])
+        drop[:, -1] = False  # always keep the most likely token
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def target_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The distribution a sampled row draws from, after temperature/min-p/top-k/top-p."""
+    logits = logits / meta.temperature[:, None]
+    if meta.min_p is not None:
+        probs = logits.softmax(dim=-1)
+        floor = meta.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    if meta.top_k is not None or meta.top_p is not None:
+        logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+    return logits.softmax(dim=-1)
+
+
+def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Penalties and min-tokens suppression: what greedy rows take the argmax of."""
+    if meta.penalties is not None:
+        logits = apply_penalties(logits, meta.penalties)
+    if meta.suppress_rows is not None:
+        logits = logits.index_put((meta.suppress_rows, meta.suppress_ids),
+                                  torch.tensor(float("-inf"), device=logits.device))
+    return logits
+
+
+def sample(logits: torch.Tensor,  # [num_rows, vocab] float32 raw model logits
+           meta: SamplingMetadata) -> SamplerOutput:
+    processed = process_logits(logits, meta)
+    token_ids = processed.argmax(dim=-1)
+    if not meta.all_greedy:
+        probs = target_probs(processed, meta)
+        exp_noise = -torch.log(uniform_noise(meta.seeds, meta.positions, probs.shape[-1]))
+        sampled = (probs / exp_noise).argmax(dim=-1)
+        token_ids = torch.where(meta.greedy, token_ids, sampled)
+    out = SamplerOutput(token_ids=token_ids)
+    if meta.max_num_logprobs is not None:
+        logprobs = logits.log_softmax(dim=-1)
+        chosen = logprobs.gather(1, token_ids[:, None])
+        out.logprobs = chosen.squeeze(1)
+        out.ranks = (logprobs > chosen).sum(dim=-1) + 1
+        if meta.max_num_logprobs > 0:
+            out.top_logprobs, out.top_ids = logprobs.topk(meta.max_num_logprobs, dim=-1)
+    return out

@@ -1,0 +1,98 @@
+"""The offline API: ``LLM(model=...).generate(prompts, sampling_params)`` as in vLLM.
+
+``LLM`` is a thin layer over ``LLMEngine``: it normalises prompts and
+sampling params, queues every request, steps the engine until all are done
+(continuous batching does the rest) and returns outputs in input order.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence as SequenceABC
+
+from tqdm.auto import tqdm
+
+from .config import EngineConfig
+from .engine.engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs):
+        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        self.llm_engine = LLMEngine(self.config)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        prompts = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(prompts))
+        ids = [f"gen-{next(self._counter)}" for _ in prompts]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                self.llm_engine.add_request(rid, prompt, p)
+                added.append(rid)
+        except Exception:
+            self.llm_engine.abort_request(added)  # all-or-nothing: leave the engine as it was
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template: str | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = [tokenizer.apply_chat_template(conv, tokenize=False, chat_template=chat_template,
+                                                 add_generation_prompt=add_generation_prompt)
+                   for conv in conversations]
+        token_prompts = [{"prompt": p, "prompt_token_ids": tokenizer.encode(p, add_special_tokens=False)}
+                         for p in prompts]
+        return self.generate(token_prompts, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine, pending = self.llm_engine, set(ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        start, num_out = time.perf_counter(), 0
+        try:
+            while pending:
+                for out in engine.step():
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        finished[out.request_id] = out
+                        num_out += sum(len(c.token_ids) for c in out.outputs)
+                        bar.update(1)
+                        bar.set_postfix_str(f"output {num_out / (time.perf_counter() - start):.1f} tok/s")
+        except BaseException:
+            engine.abort_request(list(pending))
+            raise
+        finally:
+            bar.close()
+        return [finished[rid] for rid in ids]
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, SequenceABC) and prompts and all(isinstance(t, int) for t in prompts):
+        return [{"prompt_token_ids": list(prompts)}]
+    if not isinstance(prompts, SequenceABC) or not prompts:
+        raise ValueError("prompts must be a str, a dict, or a non-empty list of them")
+    return list(prompts)
+
+
+def _as_params_list(params, num_prompts: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"got {len(params)} sampling_params for {num_prompts} prompts")
+    if not all(isinstance(p, SamplingParams) for p in params):
+        raise ValueError("sampling_params must be SamplingParams objects")
+    return params

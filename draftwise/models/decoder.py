@@ -1,0 +1,141 @@
+"""One decoder-only transformer that covers Llama, Mistral, Qwen2, Qwen3 and Gemma3.
+
+The architectures differ only in a handful of switches, gathered in
+``ArchSpec`` (see ``models/registry.py``): Gemma's ``(1 + w)`` norms, sandwich
+norms and scaled embeddings, Qwen2's qkv bias, per-head q/k norms (Qwen3,
+Gemma3), sliding-window layers and logit soft-capping.
+
+``forward`` takes a flat batch of tokens of many requests plus the step's
+``AttentionMetadata``; it returns the final-norm hidden states ``[num_tokens,
+hidden]`` and, for the layer ids asked in ``aux_layer_ids``, the residual
+stream entering those layers (what EAGLE-3 and MTP drafters read).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers.attention import AttentionMetadata, paged_attention
+from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    norm_offset: float = 0.0  # Gemma: weight is stored as w, applied as 1 + w
+    sandwich_norms: bool = False  # Gemma: norms after attention and after the MLP too
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma3)
+    qkv_bias: bool = False  # Qwen2
+    embed_scale: bool = False  # Gemma: embeddings times sqrt(hidden)
+    default_act: str = "silu"
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, spec: ArchSpec, layer_type: str):
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        self.sliding = layer_type == "sliding_attention"
+        # Gemma scales queries by query_pre_attn_scalar instead of head_dim.
+        self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
+        bias = bool(getattr(config, "attention_bias", False))
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=bias or spec.qkv_bias)
+        self.o_proj = nn.Linear(q_size, hidden, bias=bias)
+        inter, mlp_bias = config.intermediate_size, bool(getattr(config, "mlp_bias", False))
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=mlp_bias)
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", spec.default_act)
+        self.act = activation(act)
+        off = spec.norm_offset
+        self.input_norm = RMSNorm(hidden, eps, off)
+        self.pre_mlp_norm = RMSNorm(hidden, eps, off)
+        self.post_attn_norm = RMSNorm(hidden, eps, off) if spec.sandwich_norms else None
+        self.post_mlp_norm = RMSNorm(hidden, eps, off) if spec.sandwich_norms else None
+        self.q_norm = RMSNorm(self.head_dim, eps, off) if spec.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps, off) if spec.qk_norm else None
+        self.split = (q_size, kv_size, kv_size)
+
+    def forward(self, x: torch.Tensor,  # [num_tokens, hidden]
+                cos: torch.Tensor, sin: torch.Tensor,  # [num_tokens, 1, head_dim]
+                kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
+                meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding)
+        h = self.o_proj(attn)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+        x = x + h
+        gate, up = self.gate_up_proj(self.pre_mlp_norm(x)).chunk(2, dim=-1)
+        h = self.down_proj(self.act(gate) * up)
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+        return x + h
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, config, spec: ArchSpec, max_positions: int):
+        super().__init__()
+        self.config, self.spec = config, spec
+        num_layers = config.num_hidden_layers
+        self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
+        if config.model_type == "mistral" and getattr(config, "sliding_window", None):
+            self.layer_types = ["sliding_attention"] * num_layers
+        self.sliding_window = getattr(config, "sliding_window", None)
+        if getattr(config, "attn_logit_softcapping", None):
+            raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = math.sqrt(config.hidden_size) if spec.embed_scale else None
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, t) for t in self.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset)
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        head_dim = self.layers[0].head_dim
+        self.rope = {t: rope_tables(config, head_dim, t, max_positions) for t in set(self.layer_types)}
+        self.requires_grad_(False)
+
+    @property
+    def uses_sliding_window(self) -> bool:
+        return "sliding_attention" in self.layer_types and self.sliding_window is not None
+
+    def to_device(self, device: torch.device, dtype: torch.dtype) -> "DecoderLM":
+        self.to(device=device, dtype=dtype)
+        self.rope = {t: (c.to(device, dtype), s.to(device, dtype)) for t, (c, s) in self.rope.items()}
+        return self
+
+    def forward(self, input_ids: torch.Tensor,  # [num_tokens]
+                positions: torch.Tensor,  # [num_tokens]
+                kv_caches: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
+                meta: AttentionMetadata,
+                aux_layer_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layer_ids:
+                aux.append(x)
+            cos, sin = rope[self.layer_types[i]]
+            x = layer(x, cos, sin, kv_caches[i], meta)
+        return self.norm(x), aux
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
+        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
+        logits = F.linear(hidden, weight).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

@@ -1,0 +1,89 @@
+"""Architecture registry: Hugging Face ``model_type`` -> ``ArchSpec``, and weight loading.
+
+``build_model`` is the only way the engine makes a target model. Adding an
+architecture that fits ``DecoderLM`` is one line in ``ARCH_SPECS``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from ..layers.common import RMSNorm
+from .decoder import ArchSpec, DecoderLM
+from .loader import load_weights
+
+GEMMA = ArchSpec(norm_offset=1.0, sandwich_norms=True, qk_norm=True, embed_scale=True,
+                 default_act="gelu_pytorch_tanh")
+ARCH_SPECS: dict[str, ArchSpec] = {
+    "llama": ArchSpec(),
+    "mistral": ArchSpec(),
+    "qwen2": ArchSpec(qkv_bias=True),
+    "qwen3": ArchSpec(qk_norm=True),
+    "gemma3_text": GEMMA,
+    "gemma3": GEMMA,
+}
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def load_config(path: Path):
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in ARCH_SPECS:
+        raise ValueError(f"model architecture {config.model_type!r} is not supported; "
+                         f"supported: {sorted(ARCH_SPECS)}")
+    return getattr(config, "text_config", None) or config
+
+
+def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
+                max_positions: int) -> DecoderLM:
+    spec = ARCH_SPECS[config.model_type]
+    with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
+        model = DecoderLM(config, spec, max_positions)
+    model.to_empty(device="cpu")
+    _load_state(model, load_weights(path, torch.float32))
+    return model.to_device(device, dtype).eval()
+
+
+def _load_state(model: DecoderLM, weights: dict[str, torch.Tensor]) -> None:
+    weights = {_strip_prefix(k): v for k, v in weights.items()}
+    for name, param in model.named_parameters():
+        tensor = _source_tensor(name, weights, model.spec.sandwich_norms)
+        if tensor is None:
+            raise ValueError(f"checkpoint is missing the weight for {name}")
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+        param.data = tensor.float()
+    for module in model.modules():
+        if isinstance(module, RMSNorm) and module.offset:
+            module.weight.data += module.offset
+
+
+def _strip_prefix(name: str) -> str:
+    """Multimodal checkpoints (Gemma 3) nest the text model under language_model."""
+    for prefix in ("model.language_model.", "language_model.model."):
+        if name.startswith(prefix):
+            return "model." + name[len(prefix):]
+    return name.removeprefix("language_model.")
+
+
+def _source_tensor(name: str, weights: dict, sandwich: bool) -> torch.Tensor | None:
+    """Find (and fuse) the checkpoint tensor(s) that feed our parameter ``name``."""
+    if name in ("embed_tokens.weight", "norm.weight"):
+        return weights.get("model." + name)
+    if name == "lm_head.weight":
+        return weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
+    _, idx, module, leaf = name.split(".", 3) if name.count(".") >= 3 else (None, None, None, None)
+    prefix = f"model.layers.{idx}."
+    if module in _FUSED:
+        group = "self_attn." if module == "qkv_proj" else "mlp."
+        parts = [weights.get(f"{prefix}{group}{p}.{leaf}") for p in _FUSED[module]]
+        return None if any(p is None for p in parts) else torch.cat(parts, 0)
+    hf = {
+        "o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj",
+        "input_norm": "input_layernorm",
+        "pre_mlp_norm": "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm",
+        "post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+        "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    }[module]
+    return weights.get(f"{prefix}{hf}.{leaf}")
