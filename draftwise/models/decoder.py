@@ -21,6 +21,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
+from ..layers.linear import PackedLinear, can_pack, pack_linears
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,12 @@ class DecoderLM(nn.Module):
     def to_device(self, device: torch.device, dtype: torch.dtype) -> "DecoderLM":
         self.to(device=device, dtype=dtype)
         self.rope = {t: (c.to(device, dtype), s.to(device, dtype)) for t, (c, s) in self.rope.items()}
+        if can_pack(device, dtype):
+            pack_linears(self)
+            if self.tied:  # the embedding table doubles as the output projection
+                self.lm_head = PackedLinear(self.embed_tokens.weight.data, None)
+        elif self.tied:
+            self.lm_head = _TiedHead(self.embed_tokens)
         return self
 
     def forward(self, input_ids: torch.Tensor,  # [num_tokens]
@@ -134,8 +141,18 @@ class DecoderLM(nn.Module):
         return self.norm(x), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
-        weight = self.embed_tokens.weight if self.tied else self.lm_head.weight
-        logits = F.linear(hidden, weight).float()
+        logits = self.lm_head(hidden).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+class _TiedHead(nn.Module):
+    """Output projection that reuses the embedding table (tie_word_embeddings)."""
+
+    def __init__(self, embed: nn.Embedding):
+        super().__init__()
+        self.embed = [embed]  # a list, so the table is not registered twice
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.embed[0].weight)
