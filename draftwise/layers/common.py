@@ -20,7 +20,10 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Normalise in fp32 as the reference implementations do: bf16 statistics drift.
+        return F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
 
 
 def activation(name: str):
