@@ -61,6 +61,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, _Request] = {}
         self._seed_rng = random.Random(config.seed)
+        self.detokenize_unfinished = False  # streaming front-ends turn this on
         logger.info("draftwise: %s on %s (%s), max_model_len=%d, KV cache %d blocks x %d tokens",
                     path.name, self.device, self.dtype, self.max_model_len, num_blocks, config.block_size)
 
@@ -110,7 +111,8 @@ class LLMEngine:
         outputs = []
         for rid in touched:
             request = self.requests[rid]
-            out = self.output_processor.make_output(rid, request.prompt, request.seqs)
+            out = self.output_processor.make_output(rid, request.prompt, request.seqs,
+                                                    self.detokenize_unfinished)
             if out.finished:
                 del self.requests[rid]
             outputs.append(out)

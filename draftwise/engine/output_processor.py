@@ -88,10 +88,13 @@ class OutputProcessor:
             tokens = tokens[:-1]  # the EOS / stop token is not part of the text
         return self.tokenizer.decode(tokens, skip_special_tokens=seq.params.skip_special_tokens)
 
-    def make_output(self, request_id: str, prompt: str | None, seqs: list[Sequence]) -> RequestOutput:
+    def make_output(self, request_id: str, prompt: str | None, seqs: list[Sequence],
+                    with_partial_text: bool = False) -> RequestOutput:
         completions = []
         for seq in seqs:
-            if not isinstance(seq.stop_reason, str):  # a matched stop string already cut the text
+            # A matched stop string already cut the text; unfinished text is only decoded when
+            # asked (streaming), so plain generate() decodes each sequence once.
+            if not isinstance(seq.stop_reason, str) and (seq.is_finished or with_partial_text):
                 seq.text = self.decode(seq)
             logprobs_on = seq.params.logprobs is not None
             completions.append(CompletionOutput(
