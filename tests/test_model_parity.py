@@ -243,15 +243,21 @@ def test_smollm2_logits(smol):
 
 @pytest.mark.slow
 def test_smollm2_greedy_generation(smol):
+    """32 greedy tokens (EOS ignored) equal HF ``generate``; with EOS honoured ours stops right after it."""
     from draftwise import LLM, SamplingParams
 
     path, hf, prompt_ids = smol
+    eos = hf.generation_config.eos_token_id
     llm = LLM(dtype="float32")
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids],
-                        SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
-    for p, out in zip(prompt_ids, outs):
+    prompts = [{"prompt_token_ids": p} for p in prompt_ids]
+    full = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False)
+    stop = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    for p, ours_full, ours_stop in zip(prompt_ids, full, stop):
         with torch.no_grad():
             gen = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              do_sample=False, max_new_tokens=32)
+                              do_sample=False, max_new_tokens=32, eos_token_id=[])  # [] = never stop
         ref = gen[0, len(p):].tolist()
-        assert out.outputs[0].token_ids == ref, f"prompt of {len(p)} tokens: ours != hf"
+        assert len(ref) == 32
+        assert ours_full.outputs[0].token_ids == ref, f"prompt of {len(p)} tokens: ours != hf"
+        expected = ref[:ref.index(eos) + 1] if eos in ref else ref
+        assert ours_stop.outputs[0].token_ids == expected
