@@ -50,7 +50,8 @@ class LLMEngine:
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len)
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
         kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
-            ModelRunner.kv_bytes_per_token(model, self.dtype), config.max_num_seqs, self.max_model_len)
+            ModelRunner.kv_bytes_per_token(model, self.dtype), config.max_num_seqs, self.max_model_len,
+            self.device)
         per_block = ModelRunner.kv_bytes_per_token(model, self.dtype) * config.block_size
         num_blocks = kv_bytes // per_block
         self.block_manager = BlockManager(num_blocks, config.block_size)

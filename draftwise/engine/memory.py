@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 _DEFAULT_FRACTION = 0.25
 _DEFAULT_CAP = 4 << 30
 
 
-def available_memory_bytes() -> int:
+def available_memory_bytes(device: torch.device | None = None) -> int:
+    if device is not None and device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -18,7 +22,8 @@ def available_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int) -> int:
-    """A quarter of free memory, at most 4 GiB, and no more than the workload can use."""
+def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int,
+                           device: torch.device | None = None) -> int:
+    """A quarter of free (host or GPU) memory, at most 4 GiB, and no more than the workload can use."""
     wanted = bytes_per_token * max_num_seqs * max_model_len
-    return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(), _DEFAULT_CAP))
+    return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device), _DEFAULT_CAP))

@@ -84,14 +84,12 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
 def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
                     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-                    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-                    v_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+                    kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
                     meta: AttentionMetadata, scale: float,
                     sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
-    k_cache.index_copy_(0, meta.slot_mapping, k)
-    v_cache.index_copy_(0, meta.slot_mapping, v)
-    keys = k_cache[meta.context_slots].transpose(1, 2)  # [num_seqs, kv_heads, ctx, head_dim]
-    values = v_cache[meta.context_slots].transpose(1, 2)
+    kv_cache[:, meta.slot_mapping] = torch.stack((k, v))
+    context = kv_cache[:, meta.context_slots]  # [2, num_seqs, ctx, kv_heads, head_dim]
+    keys, values = context.transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
     if meta.query_index is None:
         queries = q.unsqueeze(2)  # [num_seqs, num_heads, 1, head_dim]
     else:

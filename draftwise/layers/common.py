@@ -65,13 +65,15 @@ def _rope_tables(config, head_dim, layer_type, max_positions):
         inv_freq = inv_freq.double()
     positions = torch.arange(max_positions, dtype=torch.float64)
     freqs = torch.outer(positions, inv_freq).float()
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * scaling, emb.sin() * scaling
+    cos = torch.cat((freqs, freqs), dim=-1).cos() * scaling
+    sin = freqs.sin() * scaling
+    return cos, torch.cat((-sin, sin), dim=-1)  # sign of rotate_half folded into sin
 
 
 def apply_rope(x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                cos: torch.Tensor,  # [num_tokens, 1, head_dim]
-               sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+               signed_sin: torch.Tensor) -> torch.Tensor:  # [num_tokens, 1, head_dim]
+    """Neox-style rotary embedding: x * cos + rotate_half(x) * sin, with the sign in ``signed_sin``."""
+    num_tokens, num_heads, head_dim = x.shape
+    swapped = x.view(num_tokens, num_heads, 2, head_dim // 2).flip(2).view(num_tokens, num_heads, head_dim)
+    return x * cos + swapped * signed_sin

@@ -67,14 +67,17 @@ class DecoderLayer(nn.Module):
                 kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
                 meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.split, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.sliding)
+        qkv = self.qkv_proj(self.input_norm(x))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        q_size, kv_size, _ = self.split
+        v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:  # one rotary pass over the q and k heads together
+            qk = apply_rope(qkv[:, :q_size + kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        else:
+            q = self.q_norm(qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(qkv[:, q_size:q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
         h = self.o_proj(attn)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
