@@ -11,7 +11,12 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm; ``offset=1`` gives Gemma's ``x * (1 + w)`` form (the +1 is folded into the weight)."""
+    """RMSNorm computed in fp32 with an fp32 weight; returns fp32 whatever the input dtype.
+
+    ``offset=1`` gives Gemma's ``x * (1 + w)`` form (the +1 is folded into the
+    weight at load). Callers cast the result to the compute dtype where a
+    linear layer follows; the residual stream itself stays in fp32.
+    """
 
     def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
@@ -19,11 +24,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.offset = offset
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        # Normalise in fp32 as the reference implementations do: bf16 statistics drift.
-        return F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(x.dtype) * self.weight
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> fp32 [..., dim]
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps)
 
 
 def activation(name: str):

@@ -9,6 +9,10 @@ Gemma3), sliding-window layers and logit soft-capping.
 ``AttentionMetadata``; it returns the final-norm hidden states ``[num_tokens,
 hidden]`` and, for the layer ids asked in ``aux_layer_ids``, the residual
 stream entering those layers (what EAGLE-3 and MTP drafters read).
+
+Precision: weights and matmuls run in the model dtype (bf16 or fp32); the
+residual stream and every norm stay in fp32, so bf16 runs drift less from
+the fp32 reference than a pure-bf16 stream would.
 """
 from __future__ import annotations
 
@@ -61,28 +65,31 @@ class DecoderLayer(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps, off) if spec.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps, off) if spec.qk_norm else None
         self.split = (q_size, kv_size, kv_size)
+        self.compute_dtype = torch.float32
 
-    def forward(self, x: torch.Tensor,  # [num_tokens, hidden]
+    def forward(self, x: torch.Tensor,  # [num_tokens, hidden] fp32 residual stream
                 cos: torch.Tensor, sin: torch.Tensor,  # [num_tokens, 1, head_dim]
                 kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
                 meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(self.input_norm(x))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        dt = self.compute_dtype
+        qkv = self.qkv_proj(self.input_norm(x).to(dt))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
         q_size, kv_size, _ = self.split
         v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:  # one rotary pass over the q and k heads together
             qk = apply_rope(qkv[:, :q_size + kv_size].view(num_tokens, -1, self.head_dim), cos, sin)
             q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
         else:
-            q = self.q_norm(qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim))
-            k = self.k_norm(qkv[:, q_size:q_size + kv_size].view(num_tokens, self.num_kv_heads, self.head_dim))
+            q = self.q_norm(qkv[:, :q_size].view(num_tokens, self.num_heads, self.head_dim)).to(dt)
+            k = self.k_norm(qkv[:, q_size:q_size + kv_size].view(num_tokens, self.num_kv_heads,
+                                                                 self.head_dim)).to(dt)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
         h = self.o_proj(attn)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
         x = x + h
-        gate, up = self.gate_up_proj(self.pre_mlp_norm(x)).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(self.pre_mlp_norm(x).to(dt)).chunk(2, dim=-1)
         h = self.down_proj(self.act(gate) * up)
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
@@ -116,7 +123,12 @@ class DecoderLM(nn.Module):
         return "sliding_attention" in self.layer_types and self.sliding_window is not None
 
     def to_device(self, device: torch.device, dtype: torch.dtype) -> "DecoderLM":
+        norms = {name: m.weight.data for name, m in self.named_modules() if isinstance(m, RMSNorm)}
         self.to(device=device, dtype=dtype)
+        for name, weight in norms.items():  # norms keep their fp32 weights
+            self.get_submodule(name).weight.data = weight.to(device)
+        for layer in self.layers:
+            layer.compute_dtype = dtype
         self.rope = {t: (c.to(device, dtype), s.to(device, dtype)) for t, (c, s) in self.rope.items()}
         if can_pack(device, dtype):
             pack_linears(self)
@@ -134,6 +146,7 @@ class DecoderLM(nn.Module):
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        x = x.float()
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
         aux = []
         for i, layer in enumerate(self.layers):
@@ -144,7 +157,7 @@ class DecoderLM(nn.Module):
         return self.norm(x), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
