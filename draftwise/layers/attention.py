@@ -40,45 +40,45 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
                    query_lens: list[int], context_lens: list[int], block_size: int,
                    sliding_window: int | None, device: torch.device) -> AttentionMetadata:
     """Flatten the scheduled batch into the index tensors every layer shares."""
-    num_seqs = len(query_lens)
     max_q, max_ctx = max(query_lens), max(context_lens)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
-    # Context slots, position-ordered.
     key_pos = torch.arange(max_ctx, dtype=torch.int64)  # [max_ctx]
-    blocks = block_tables[:, key_pos // block_size].clamp_min(0)  # [num_seqs, max_ctx]
-    context_slots = blocks * block_size + key_pos % block_size
     key_valid = key_pos[None, :] < ctx_lens[:, None]  # [num_seqs, max_ctx]
-    context_slots = torch.where(key_valid, context_slots, 0)
-    # Query positions: the last query_len positions of each context.
+    blocks = block_tables[:, key_pos // block_size].clamp_min(0)  # [num_seqs, max_ctx]
+    context_slots = torch.where(key_valid, blocks * block_size + key_pos % block_size, 0)
+    # Queries are the last query_len positions of each context; pads repeat the last one.
     q_offset = torch.arange(max_q, dtype=torch.int64)
     q_valid = q_offset[None, :] < q_lens[:, None]  # [num_seqs, max_q]
-    query_pos = (ctx_lens - q_lens)[:, None] + q_offset[None, :]
-    query_pos = torch.where(q_valid, query_pos, (ctx_lens - 1)[:, None])
+    query_pos = torch.where(q_valid, (ctx_lens - q_lens)[:, None] + q_offset[None, :],
+                            (ctx_lens - 1)[:, None])
     slot_mapping = torch.gather(context_slots, 1, query_pos)[q_valid]  # [num_tokens]
     query_index = query_unpad_index = None
     if max_q > 1:
         cu_q = torch.cumsum(q_lens, 0) - q_lens
-        flat = cu_q[:, None] + q_offset[None, :]
-        query_index = torch.where(q_valid, flat, cu_q[:, None])
-        query_unpad_index = torch.arange(num_seqs * max_q).view(num_seqs, max_q)[q_valid]
-    causal = key_pos[None, None, :] <= query_pos[:, :, None]  # [num_seqs, max_q, max_ctx]
-    mask = causal & key_valid[:, None, :]
-    need_mask = max_q > 1 or bool((ctx_lens != max_ctx).any())
-    sliding_mask = None
-    if sliding_window is not None and max_ctx > sliding_window:
-        sliding_mask = mask & (key_pos[None, None, :] > query_pos[:, :, None] - sliding_window)
-        sliding_mask = sliding_mask.unsqueeze(1).to(device)
-    elif sliding_window is not None and need_mask:
-        sliding_mask = mask.unsqueeze(1).to(device)
-    return AttentionMetadata(
-        slot_mapping=slot_mapping.to(device),
-        context_slots=context_slots.to(device),
-        query_index=None if query_index is None else query_index.to(device),
-        query_unpad_index=None if query_unpad_index is None else query_unpad_index.to(device),
-        mask=mask.unsqueeze(1).to(device) if need_mask else None,
-        sliding_mask=sliding_mask,
-    )
+        query_index = torch.where(q_valid, cu_q[:, None] + q_offset[None, :], cu_q[:, None])
+        query_unpad_index = torch.arange(q_valid.numel()).view_as(q_valid)[q_valid]
+    mask, sliding_mask = _masks(key_pos, key_valid, query_pos, sliding_window,
+                                need_mask=max_q > 1 or min(context_lens) != max_ctx)
+    to_dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return AttentionMetadata(slot_mapping=to_dev(slot_mapping), context_slots=to_dev(context_slots),
+                             query_index=to_dev(query_index), query_unpad_index=to_dev(query_unpad_index),
+                             mask=to_dev(mask), sliding_mask=to_dev(sliding_mask))
+
+
+def _masks(key_pos: torch.Tensor,  # [max_ctx]
+           key_valid: torch.Tensor,  # [num_seqs, max_ctx]
+           query_pos: torch.Tensor,  # [num_seqs, max_q]
+           sliding_window: int | None, need_mask: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Causal (and sliding-window) masks ``[num_seqs, 1, max_q, max_ctx]``; None where all-True."""
+    windowed = sliding_window is not None and key_pos.numel() > sliding_window
+    if not need_mask and not windowed:
+        return None, None  # decode of equal-length contexts: every key is visible
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & key_valid[:, None, :]
+    sliding = mask
+    if windowed:
+        sliding = mask & (key_pos[None, None, :] > query_pos[:, :, None] - sliding_window)
+    return (mask.unsqueeze(1) if need_mask else None), (sliding.unsqueeze(1) if sliding_window else None)
 
 
 def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
