@@ -56,6 +56,21 @@ def bench_transformers(path, dtype: torch.dtype, max_tokens: int, repeats: int) 
     return statistics.median(speeds)
 
 
+def memory_bandwidth_gbs() -> float:
+    """Read bandwidth of this machine right now (torch sum over 1 GiB): the decode speed limit."""
+    data = torch.ones(256 * 1024 * 1024)
+    data.sum()
+    start = time.perf_counter()
+    for _ in range(3):
+        data.sum()
+    return 3 * data.numel() * 4 / (time.perf_counter() - start) / 1e9
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of weights one decode step streams (each distinct tensor once)."""
+    return llm.llm_engine.runner.model.num_streamed_params * llm.llm_engine.dtype.itemsize
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
@@ -68,7 +83,10 @@ def main() -> None:
     llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=max(16, args.concurrency))
     dtype = llm.llm_engine.dtype
     single, batched = bench_draftwise(llm, args.max_tokens, args.repeats, args.concurrency)
+    bandwidth = memory_bandwidth_gbs()
     print(f"model: {llm.llm_engine.config.model_path.name}  dtype: {dtype}  threads: {torch.get_num_threads()}")
+    print(f"memory bandwidth now: {bandwidth:.1f} GB/s -> at most "
+          f"{bandwidth * 1e9 / weight_bytes(llm):.0f} decode steps/s for these weights")
     print(f"draftwise   single request : {single:7.1f} tokens/s  (median of {args.repeats})")
     print(f"draftwise   {args.concurrency:2d} concurrent  : {batched:7.1f} tokens/s  "
           f"({batched / single:.1f}x single)")

@@ -130,20 +130,8 @@ def test_request_that_can_never_fit_raises(tiny_model_dir):
     # KV cache of 2 blocks = 32 tokens; an 80-token prompt can never fit.
     llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0,
               kv_cache_memory_bytes=2 * 16 * 512)
-    result = {}
-
-    def run():
-        try:
-            llm.generate({"prompt_token_ids": [5] * 80}, greedy(4), use_tqdm=False)
-            result["error"] = None
-        except Exception as e:  # noqa: BLE001 - inspected below
-            result["error"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout=60)
-    assert not t.is_alive(), "generate() hangs on a request that can never fit in the KV cache"
-    assert isinstance(result["error"], ValueError), result["error"]
+    error = _generate_error_within(llm, {"prompt_token_ids": [5] * 80}, greedy(4), timeout=60)
+    assert isinstance(error, ValueError), error
     # A request that fits still works on the same LLM afterwards.
     out = llm.generate({"prompt_token_ids": [5] * 8}, greedy(4, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
@@ -154,17 +142,23 @@ def test_generation_that_outgrows_kv_cache_raises(tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0,
               kv_cache_memory_bytes=2 * 16 * 512)
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    error = _generate_error_within(llm, {"prompt_token_ids": [5] * 20}, params, timeout=60)
+    assert isinstance(error, ValueError), error
+
+
+def _generate_error_within(llm, prompt, params, timeout: float):
+    """Run generate() in a thread; fail if it hangs, else return the exception it raised (or None)."""
     result = {}
 
     def run():
         try:
-            llm.generate({"prompt_token_ids": [5] * 20}, params, use_tqdm=False)
+            llm.generate(prompt, params, use_tqdm=False)
             result["error"] = None
-        except Exception as e:  # noqa: BLE001 - inspected below
+        except Exception as e:  # noqa: BLE001 - inspected by the caller
             result["error"] = e
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(timeout=60)
-    assert not t.is_alive(), "generate() hangs when a request outgrows the KV cache"
-    assert isinstance(result["error"], ValueError), result["error"]
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=timeout)
+    assert not thread.is_alive(), "generate() hangs instead of raising"
+    return result["error"]

@@ -6,7 +6,7 @@ import os
 import torch
 
 _DEFAULT_FRACTION = 0.25
-_DEFAULT_CAP = 4 << 30
+_DEFAULT_CAP = 2 << 30
 
 
 def available_memory_bytes(device: torch.device | None = None) -> int:
@@ -24,6 +24,6 @@ def available_memory_bytes(device: torch.device | None = None) -> int:
 
 def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int,
                            device: torch.device | None = None) -> int:
-    """A quarter of free (host or GPU) memory, at most 4 GiB, and no more than the workload can use."""
+    """A quarter of free (host or GPU) memory, at most 2 GiB, and no more than the workload can use."""
     wanted = bytes_per_token * max_num_seqs * max_model_len
     return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device), _DEFAULT_CAP))

@@ -117,6 +117,10 @@ class DecoderLM(nn.Module):
         head_dim = self.layers[0].head_dim
         self.rope = {t: rope_tables(config, head_dim, t, max_positions) for t in set(self.layer_types)}
         self.requires_grad_(False)
+        # Weights one decode step reads: everything but the embedding table, plus the output head.
+        embed = self.embed_tokens.weight.numel()
+        self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
+            + (embed if self.tied else 0)
 
     @property
     def uses_sliding_window(self) -> bool:
