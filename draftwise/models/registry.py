@@ -25,6 +25,11 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "gemma3": GEMMA,
 }
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_HF_NAMES = {  # our per-layer module -> its Hugging Face name
+    "o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj", "input_norm": "input_layernorm",
+    "post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
+    "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+}
 
 
 def load_config(path: Path):
@@ -73,17 +78,14 @@ def _source_tensor(name: str, weights: dict, sandwich: bool) -> torch.Tensor | N
         return weights.get("model." + name)
     if name == "lm_head.weight":
         return weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
-    _, idx, module, leaf = name.split(".", 3) if name.count(".") >= 3 else (None, None, None, None)
+    _, idx, module, leaf = name.split(".", 3)  # layers.{i}.{module}.{weight|bias}
     prefix = f"model.layers.{idx}."
     if module in _FUSED:
         group = "self_attn." if module == "qkv_proj" else "mlp."
         parts = [weights.get(f"{prefix}{group}{p}.{leaf}") for p in _FUSED[module]]
         return None if any(p is None for p in parts) else torch.cat(parts, 0)
-    hf = {
-        "o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj",
-        "input_norm": "input_layernorm",
-        "pre_mlp_norm": "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm",
-        "post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
-        "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
-    }[module]
+    if module == "pre_mlp_norm":  # Llama calls the pre-MLP norm post_attention_layernorm
+        hf = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
+    else:
+        hf = _HF_NAMES[module]
     return weights.get(f"{prefix}{hf}.{leaf}")
