@@ -64,8 +64,7 @@ class EngineConfig:
             raise ValueError("device='cuda' was requested but no CUDA device is available")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
-        if self.additional_config is not None and not isinstance(self.additional_config, dict):
-            raise ValueError(f"additional_config must be a dict, got {type(self.additional_config).__name__}")
+        _check_additional_config(self.additional_config)
         if self.speculative_config is not None:
             raise ValueError("speculative_config: speculative decoding is not implemented yet in this build")
 
@@ -82,6 +81,21 @@ class EngineConfig:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         return torch.bfloat16 if _bf16_is_fast(self.torch_device) else torch.float32
+
+
+_ADDITIONAL_KEYS = {"gguf_int4": bool}
+
+
+def _check_additional_config(extra) -> None:
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise ValueError(f"additional_config must be a dict, got {type(extra).__name__}")
+    for key, value in extra.items():
+        if key not in _ADDITIONAL_KEYS:
+            raise ValueError(f"additional_config key {key!r} is unknown; allowed: {sorted(_ADDITIONAL_KEYS)}")
+        if not isinstance(value, _ADDITIONAL_KEYS[key]):
+            raise ValueError(f"additional_config[{key!r}]={value!r} must be a {_ADDITIONAL_KEYS[key].__name__}")
 
 
 def _int_at_least(name: str, value, lo: int) -> None:

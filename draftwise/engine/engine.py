@@ -47,7 +47,9 @@ class LLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
         self.max_model_len = _max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
-        model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len)
+        extra = config.additional_config or {}
+        model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
+                            gguf_int4=extra.get("gguf_int4", False))
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
         kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
             ModelRunner.kv_bytes_per_token(model, self.dtype), config.max_num_seqs, self.max_model_len,
@@ -63,8 +65,9 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._seed_rng = random.Random(config.seed)
         self.detokenize_unfinished = False  # streaming front-ends turn this on
-        logger.info("draftwise: %s on %s (%s), max_model_len=%d, KV cache %d blocks x %d tokens",
-                    path.name, self.device, self.dtype, self.max_model_len, num_blocks, config.block_size)
+        logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
+                    path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
+                    self.max_model_len, num_blocks, config.block_size)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,

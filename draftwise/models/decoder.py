@@ -121,6 +121,7 @@ class DecoderLM(nn.Module):
         embed = self.embed_tokens.weight.numel()
         self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
             + (embed if self.tied else 0)
+        self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
 
     @property
     def uses_sliding_window(self) -> bool:

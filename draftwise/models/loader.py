@@ -132,6 +132,15 @@ def _gemma3_gguf() -> Path:
     return target
 
 
+def gguf_source(path: Path) -> Path | None:
+    """The GGUF file a cached directory was converted from, if it still exists."""
+    mark = Path(path) / _DONE_MARK
+    if not mark.is_file():
+        return None
+    source = Path(json.loads(mark.read_text()).get("source", ""))
+    return source if source.is_file() else None
+
+
 def cache_dir_for(gguf: Path) -> Path:
     """The cache directory a GGUF file converts into (keyed by path, size, mtime)."""
     gguf = gguf.resolve()

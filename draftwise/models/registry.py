@@ -12,7 +12,9 @@ from transformers import AutoConfig
 
 from ..layers.common import RMSNorm
 from .decoder import ArchSpec, DecoderLM
-from .loader import load_weights
+from ..layers.linear import can_pack
+from .gguf_int4 import apply_gguf_int4
+from .loader import gguf_source, load_weights
 
 GEMMA = ArchSpec(norm_offset=1.0, sandwich_norms=True, qk_norm=True, embed_scale=True,
                  default_act="gelu_pytorch_tanh")
@@ -41,13 +43,18 @@ def load_config(path: Path):
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
-                max_positions: int) -> DecoderLM:
+                max_positions: int, gguf_int4: bool = False) -> DecoderLM:
+    """Load a model; with ``gguf_int4``, 4-bit GGUF layers run on the int4 kernel in bf16 on CPU."""
     spec = ARCH_SPECS[config.model_type]
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions)
     model.to_empty(device="cpu")
     _load_state(model, load_weights(path, torch.float32))
-    return model.to_device(device, dtype).eval()
+    model = model.to_device(device, dtype).eval()
+    source = gguf_source(path)
+    if gguf_int4 and source is not None and can_pack(device, dtype):
+        model.int4_layers = apply_gguf_int4(model, source)
+    return model
 
 
 def _load_state(model: DecoderLM, weights: dict[str, torch.Tensor]) -> None:
