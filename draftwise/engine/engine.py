@@ -14,7 +14,6 @@ import random
 import time
 from dataclasses import dataclass
 
-import torch
 from transformers import AutoTokenizer
 
 from ..config import EngineConfig
@@ -51,11 +50,10 @@ class LLMEngine:
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False))
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
+        per_token = ModelRunner.kv_bytes_per_token(model, self.dtype)
         kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
-            ModelRunner.kv_bytes_per_token(model, self.dtype), config.max_num_seqs, self.max_model_len,
-            self.device)
-        per_block = ModelRunner.kv_bytes_per_token(model, self.dtype) * config.block_size
-        num_blocks = kv_bytes // per_block
+            per_token, config.max_num_seqs, self.max_model_len, self.device)
+        num_blocks = kv_bytes // (per_token * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
                                   self.eos_token_ids)
