@@ -1,7 +1,7 @@
 """Result objects returned by ``LLM.generate`` and ``LLMEngine.step`` (vLLM-compatible)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -43,4 +43,3 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
-    extra: dict = field(default_factory=dict)

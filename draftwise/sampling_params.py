@@ -70,10 +70,6 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
-    def top_k_enabled(self) -> bool:
-        return self.top_k > 0
-
-    @property
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1.0)

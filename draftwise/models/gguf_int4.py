@@ -47,10 +47,6 @@ class Int4Linear(nn.Module):
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scale_zeros)
         return out if self.bias is None else out + self.bias
 
-    def dequantized(self) -> torch.Tensor:  # [out, in] fp32, for tests
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        return self.forward(eye).float().t()
-
 
 def read_q4(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q [out, in] int32, scale [out, in/32], zero [out, in/32]) of one Q4_0/Q4_1 GGUF tensor."""
