@@ -66,3 +66,20 @@ def test_additional_config_is_validated(tiny_model_dir, extra):
 def test_gguf_int4_ignored_for_non_gguf_models(tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype="bfloat16", additional_config={"gguf_int4": True})
     assert not llm.llm_engine.runner.model.int4_layers
+
+
+@pytest.mark.slow
+def test_q4_cache_equals_a_fresh_read_of_the_gguf():
+    from safetensors.torch import load_file
+
+    from draftwise.models.gguf_int4 import _CACHE_FILE, _load_fused, _read_fused
+    from draftwise.models.loader import gguf_source, resolve_model
+    from draftwise.models.registry import load_config
+
+    path = resolve_model(None)
+    config = load_config(path)
+    _load_fused(path, gguf_source(path), config, config.num_hidden_layers)  # writes the cache if absent
+    cached = load_file(path / _CACHE_FILE)
+    fresh = _read_fused(gguf_source(path), config, config.num_hidden_layers)
+    assert cached.keys() == fresh.keys()
+    assert all(torch.equal(cached[k], fresh[k]) for k in fresh)

@@ -15,13 +15,15 @@ first-token logprobs of a SmolLM2 prompt differ from fp32 by up to 0.12
 (bf16 dequantized: 0.04). Faster but less exact, so it is opt-in:
 ``LLM(..., additional_config={"gguf_int4": True})``.
 
-``apply_gguf_int4(model, gguf_path)`` swaps every layer's four linears of a
-bf16 CPU model for ``Int4Linear`` when all of them are Q4_0/Q4_1 in the file
-(llama.cpp's rotary row permutation of q/k undone); otherwise it changes
-nothing and returns False.
+``apply_gguf_int4(model, gguf_path, cache_dir)`` swaps every layer's four
+linears of a bf16 CPU model for ``Int4Linear`` when all of them are
+Q4_0/Q4_1 in the file (llama.cpp's rotary row permutation of q/k undone);
+otherwise it changes nothing and returns False. The unpacked 4-bit tensors
+are cached beside the converted model, so only the first load reads the GGUF.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,17 +87,51 @@ def _layer_q4(tensors: dict, i: int, config) -> dict[str, tuple] | None:
     return parts
 
 
-def apply_gguf_int4(model, gguf_path: Path) -> bool:
+_FUSED = {"qkv_proj": ("q", "k", "v"), "o_proj": ("o",), "gate_up_proj": ("gate", "up"),
+          "down_proj": ("down",)}
+_CACHE_FILE = "q4_layers.safetensors"
+
+
+def _read_fused(gguf_path: Path, config, num_layers: int) -> dict[str, torch.Tensor] | None:
+    """``layers.{i}.{module}.{q,scale,zero}`` for every fused linear, or None if a layer is not Q4."""
     import gguf
 
     tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_path)).tensors}
-    per_layer = [_layer_q4(tensors, i, model.config) for i in range(len(model.layers))]
-    if any(p is None for p in per_layer):
+    out = {}
+    for i in range(num_layers):
+        parts = _layer_q4(tensors, i, config)
+        if parts is None:
+            return None
+        for module, keys in _FUSED.items():
+            for j, field in enumerate(("q", "scale", "zero")):
+                out[f"layers.{i}.{module}.{field}"] = torch.cat([parts[k][j] for k in keys])
+        for module in _FUSED:
+            out[f"layers.{i}.{module}.q"] = out[f"layers.{i}.{module}.q"].to(torch.uint8)
+    return out
+
+
+def _load_fused(cache_dir: Path, gguf_path: Path, config, num_layers: int) -> dict[str, torch.Tensor] | None:
+    """The fused Q4 tensors, read from the GGUF once and then from ``cache_dir`` (parsing the
+    GGUF's metadata costs ~6 s per load; the cached file loads in a fraction of that)."""
+    from safetensors.torch import load_file, save_file
+
+    cache = Path(cache_dir) / _CACHE_FILE
+    if cache.is_file():
+        return load_file(cache)
+    fused = _read_fused(gguf_path, config, num_layers)
+    if fused is not None:
+        tmp = cache.with_suffix(f".tmp{os.getpid()}")
+        save_file(fused, tmp)
+        os.replace(tmp, cache)  # atomic: a crash leaves no half file
+    return fused
+
+
+def apply_gguf_int4(model, gguf_path: Path, cache_dir: Path) -> bool:
+    fused = _load_fused(cache_dir, gguf_path, model.config, len(model.layers))
+    if fused is None:
         return False
-    fused = {"qkv_proj": ("q", "k", "v"), "o_proj": ("o",), "gate_up_proj": ("gate", "up"),
-             "down_proj": ("down",)}
-    for layer, parts in zip(model.layers, per_layer):
-        for module, keys in fused.items():
-            q, scale, zero = (torch.cat([parts[k][j] for k in keys]) for j in range(3))
+    for i, layer in enumerate(model.layers):
+        for module in _FUSED:
+            q, scale, zero = (fused[f"layers.{i}.{module}.{f}"] for f in ("q", "scale", "zero"))
             setattr(layer, module, Int4Linear(q, scale, zero, getattr(layer, module).bias))
     return True

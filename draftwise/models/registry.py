@@ -11,8 +11,8 @@ import torch
 from transformers import AutoConfig
 
 from ..layers.common import RMSNorm
-from .decoder import ArchSpec, DecoderLM
 from ..layers.linear import can_pack
+from .decoder import ArchSpec, DecoderLM
 from .gguf_int4 import apply_gguf_int4
 from .loader import gguf_source, load_weights
 
@@ -53,7 +53,7 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     model = model.to_device(device, dtype).eval()
     source = gguf_source(path)
     if gguf_int4 and source is not None and can_pack(device, dtype):
-        model.int4_layers = apply_gguf_int4(model, source)
+        model.int4_layers = apply_gguf_int4(model, source, path)
     return model
 
 
