@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from .spec.config import SpeculativeConfig
+
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
@@ -35,12 +37,13 @@ class EngineConfig:
     additional_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
-    # Resolved later by the engine from the model config.
+    # Derived: the validated speculative config; the model path resolved by the engine.
+    speculative: SpeculativeConfig | None = field(default=None, repr=False)
     model_path: Path | None = field(default=None, repr=False)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
@@ -66,7 +69,7 @@ class EngineConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
         _check_additional_config(self.additional_config)
         if self.speculative_config is not None:
-            raise ValueError("speculative_config: speculative decoding is not implemented yet in this build")
+            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size)
 
     @property
     def torch_device(self) -> torch.device:

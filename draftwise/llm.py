@@ -24,6 +24,16 @@ class LLM:
         self.llm_engine = LLMEngine(self.config)
         self._counter = itertools.count()
 
+    def get_metrics(self) -> dict:
+        """Speculative decoding counters and derived rates (vLLM's names, without the prefix).
+
+        Keys: ``spec_decode_num_drafts``, ``spec_decode_num_draft_tokens``,
+        ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``,
+        ``spec_decode_acceptance_rate``, ``spec_decode_mean_acceptance_length``,
+        ``spec_decode_per_position_acceptance``. Empty without speculative decoding.
+        """
+        return self.llm_engine.get_metrics()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -72,6 +82,8 @@ class LLM:
             raise
         finally:
             bar.close()
+            if engine.speculator:
+                engine.speculator.flush_log()
         return [finished[rid] for rid in ids]
 
 

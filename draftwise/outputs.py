@@ -19,6 +19,19 @@ class RequestMetrics:
     finished_time: float | None = None
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    # Speculative decoding, this request only (all its sequences): verification steps that had
+    # drafts, draft tokens proposed, draft tokens accepted.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens if self.spec_num_draft_tokens else 0.0
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else 1.0
 
 
 @dataclass

@@ -6,6 +6,10 @@ the requests already in flight are unaffected. ``step`` schedules a batch,
 runs it, applies the sampled tokens and returns the outputs of the requests
 that progressed (finished ones are released from the cache at once).
 ``abort_request`` frees a request's blocks immediately.
+
+With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
+the next step verifies them in the same target forward that decodes, and
+rolls rejected positions back (see ``speculation.py``).
 """
 from __future__ import annotations
 
@@ -21,12 +25,14 @@ from ..models.loader import resolve_model
 from ..models.registry import build_model, load_config
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+from ..spec.interface import TargetInfo
 from .block_manager import BlockManager
 from .memory import default_kv_cache_bytes
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculation import Speculator
 
 logger = logging.getLogger("draftwise")
 
@@ -50,13 +56,18 @@ class LLMEngine:
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False))
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
+        self.speculator = self._make_speculator(model) if config.speculative else None
         per_token = ModelRunner.kv_bytes_per_token(model, self.dtype)
+        if self.speculator:
+            per_token += self.speculator.kv_bytes_per_token()
         kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
             per_token, config.max_num_seqs, self.max_model_len, self.device)
         num_blocks = kv_bytes // (per_token * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
                                   self.eos_token_ids)
+        if self.speculator:
+            self.speculator.bind(self.block_manager)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -66,6 +77,15 @@ class LLMEngine:
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
+        if config.speculative:
+            logger.info("draftwise: speculative decoding %s", config.speculative.to_dict())
+
+    def _make_speculator(self, model) -> Speculator:
+        target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,
+                            dtype=self.dtype, vocab_size=self.hf_config.vocab_size,
+                            max_model_len=self.max_model_len, block_size=self.config.block_size,
+                            tensor_parallel_size=self.config.tensor_parallel_size)
+        return Speculator(self.config.speculative, target)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None,
@@ -91,7 +111,7 @@ class LLMEngine:
             for seq in request.seqs if request else []:
                 if not seq.is_finished:
                     seq.finish_reason = "abort"
-                    self.scheduler.finish(seq)
+                    self._release(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -104,11 +124,18 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        result = self.runner.execute(plan.scheduled)
+        spec = self.speculator
+        result = self.runner.execute(plan.scheduled, spec.needs if spec else None)
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+        if spec:
+            spec.on_verified(result)
+            for seq in plan.preempted:
+                spec.on_finished(seq)
         for seq in self.output_processor.append(result):
-            self.scheduler.finish(seq)
+            self._release(seq)
+        if spec:
+            spec.propose(result)
         touched = dict.fromkeys(s.request_id for s in result.seqs)
         outputs = []
         for rid in touched:
@@ -120,7 +147,16 @@ class LLMEngine:
             outputs.append(out)
         return outputs
 
+    def get_metrics(self) -> dict:
+        """Speculative decoding counters since start-up (empty without speculation)."""
+        return self.speculator.stats.as_dict() if self.speculator else {}
+
     # ------------------------------------------------------------------ helpers
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.speculator:
+            self.speculator.on_finished(seq)
+
     def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:

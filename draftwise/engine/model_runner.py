@@ -1,10 +1,16 @@
-"""ModelRunner: turns a scheduled batch into one forward pass and sampled tokens.
+"""ModelRunner: turns a scheduled batch into one forward pass and emitted tokens.
 
-It owns the target model and the paged KV cache tensor
-``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``. One
-``execute`` call: flatten the scheduled tokens (varlen), build the attention
-metadata once, run the model, compute logits only for the rows that sample,
-sample them, and sync with the host once (``tolist``).
+It owns a model and its paged KV cache tensor
+``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``.
+``forward`` runs any ragged batch of (token ids, start position, block ids)
+in one pass; target runners and model-based drafters both use it.
+
+``execute`` is one engine step of the target: flatten the scheduled tokens
+(each sequence's new tokens, then its drafts), build the attention metadata
+once, run the model, compute logits only for the rows that sample (the
+last row of a sequence, plus one row per draft), then either sample (no
+drafts in the batch) or verify with the rejection sampler, and sync with
+the host once.
 """
 from __future__ import annotations
 
@@ -13,19 +19,31 @@ from dataclasses import dataclass
 import torch
 
 from ..layers.attention import build_metadata
-from ..layers.sampler import Penalties, SamplerOutput, SamplingMetadata, sample
+from ..layers.sampler import sample
+from ..spec.interface import ProposerNeeds, TargetHidden
+from ..spec.rejection_sampler import VerifyInput, rejection_sample
+from .sampling_inputs import build_sampling_metadata
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
 
 
 @dataclass
 class StepResult:
-    seqs: list[Sequence]  # the sequences that sampled a token this step
+    seqs: list[Sequence]  # the sequences that emitted tokens this step
+    token_ids: list[list[int]]  # per sequence: accepted drafts, then one sampled token
+    num_draft_tokens: list[int]  # per sequence: drafts verified this step
+    logprobs: list[list[float]] | None = None  # per sequence, per emitted token
+    ranks: list[list[int]] | None = None
+    top_ids: list[list[list[int]]] | None = None
+    top_logprobs: list[list[list[float]]] | None = None
+    target_hidden: TargetHidden | None = None  # rows of every scheduled sequence, when a proposer needs them
+
+
+@dataclass
+class ForwardInput:
     token_ids: list[int]
-    logprobs: list[float] | None = None
-    ranks: list[int] | None = None
-    top_ids: list[list[int]] | None = None
-    top_logprobs: list[list[float]] | None = None
+    start: int  # position of token_ids[0]
+    block_ids: list[int]
 
 
 class ModelRunner:
@@ -47,100 +65,98 @@ class ModelRunner:
         return len(model.layers) * 2 * layer.num_kv_heads * layer.head_dim * dtype.itemsize
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq]) -> StepResult:
-        input_ids, positions, sample_rows, sampling_seqs = [], [], [], []
-        for item in scheduled:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            input_ids.extend(seq.all_token_ids[start:start + item.num_new_tokens])
-            positions.extend(range(start, start + item.num_new_tokens))
-            if item.samples:
-                sample_rows.append(len(input_ids) - 1)
-                sampling_seqs.append(seq)
-        meta = build_metadata(self._block_tables(scheduled), [s.num_new_tokens for s in scheduled],
-                              [s.seq.num_computed_tokens + s.num_new_tokens for s in scheduled],
+    def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        """Run a ragged batch; returns (hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens)."""
+        input_ids, positions, cu = [], [], [0]
+        for item in batch:
+            input_ids.extend(item.token_ids)
+            positions.extend(range(item.start, item.start + len(item.token_ids)))
+            cu.append(len(input_ids))
+        width = max(len(item.block_ids) for item in batch)
+        table = torch.full((len(batch), width), -1, dtype=torch.int64)
+        for i, item in enumerate(batch):
+            table[i, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int64)
+        meta = build_metadata(table, [len(b.token_ids) for b in batch],
+                              [b.start + len(b.token_ids) for b in batch],
                               self.block_size, self.sliding_window, self.device)
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        hidden, _ = self.model(ids, pos, self.kv_cache, meta)
-        if not sampling_seqs:
-            return StepResult([], [])
-        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
-        logits = self.model.compute_logits(hidden[rows])  # [num_sampling, vocab]
-        out = sample(logits, self._sampling_metadata(sampling_seqs))
-        return self._to_host(sampling_seqs, out)
+        hidden, aux = self.model(ids, pos, self.kv_cache, meta, aux_layer_ids)
+        return hidden, aux, cu
 
-    def _block_tables(self, scheduled: list[ScheduledSeq]) -> torch.Tensor:
-        width = max(len(s.seq.block_ids) for s in scheduled)
-        table = torch.full((len(scheduled), width), -1, dtype=torch.int64)
-        for i, item in enumerate(scheduled):
-            ids = item.seq.block_ids
-            table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int64)
-        return table
-
-    def _sampling_metadata(self, seqs: list[Sequence]) -> SamplingMetadata:
-        params = [s.params for s in seqs]
-        dev = self.device
-        greedy = [p.greedy for p in params]
-        top_k = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        meta = SamplingMetadata(
-            all_greedy=all(greedy),
-            greedy=torch.tensor(greedy, device=dev),
-            temperature=torch.tensor([p.temperature or 1.0 for p in params], device=dev),
-            top_k=torch.tensor(top_k, device=dev) if any(k < self.vocab_size for k in top_k) else None,
-            top_p=torch.tensor(top_p, device=dev) if any(p < 1.0 for p in top_p) else None,
-            min_p=torch.tensor(min_p, device=dev) if any(m > 0 for m in min_p) else None,
-            seeds=torch.tensor([s.seed for s in seqs], dtype=torch.int64, device=dev),
-            positions=torch.tensor([s.num_tokens for s in seqs], dtype=torch.int64, device=dev),
-            max_num_logprobs=max(logprobs) if logprobs else None,
-        )
-        if any(p.has_penalties for p in params):
-            meta.penalties = self._penalties(seqs)
-        self._suppress(seqs, meta)
-        return meta
-
-    def _penalties(self, seqs: list[Sequence]) -> Penalties:
-        num_rows, dev = len(seqs), self.device
-        outputs = _padded([s.output_token_ids for s in seqs], self.vocab_size)
-        prompts = _padded([s.prompt_token_ids for s in seqs], self.vocab_size)
-        counts = torch.zeros(num_rows, self.vocab_size + 1)
-        counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=torch.float32))
-        seen = torch.zeros(num_rows, self.vocab_size + 1, dtype=torch.bool)
-        seen.scatter_(1, prompts, True)
-        counts, seen = counts[:, :-1], seen[:, :-1] | (counts[:, :-1] > 0)
-        p = [s.params for s in seqs]
-        return Penalties(
-            presence=torch.tensor([x.presence_penalty for x in p], device=dev),
-            frequency=torch.tensor([x.frequency_penalty for x in p], device=dev),
-            repetition=torch.tensor([x.repetition_penalty for x in p], device=dev),
-            output_counts=counts.to(dev), seen=seen.to(dev))
-
-    def _suppress(self, seqs: list[Sequence], meta: SamplingMetadata) -> None:
-        """Ban EOS and stop ids on rows that have not reached min_tokens yet."""
-        rows, ids = [], []
-        for i, seq in enumerate(seqs):
-            if seq.num_output_tokens < seq.params.min_tokens:
-                banned = list(seq.params.stop_token_ids)
-                if not seq.params.ignore_eos:
-                    banned += self.eos_token_ids
-                rows += [i] * len(banned)
-                ids += banned
-        if rows:
-            meta.suppress_rows = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            meta.suppress_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)
-
-    @staticmethod
-    def _to_host(seqs: list[Sequence], out: SamplerOutput) -> StepResult:
-        result = StepResult(seqs, out.token_ids.tolist())
-        if out.logprobs is not None:
-            result.logprobs, result.ranks = out.logprobs.tolist(), out.ranks.tolist()
-        if out.top_ids is not None:
-            result.top_ids, result.top_logprobs = out.top_ids.tolist(), out.top_logprobs.tolist()
+    @torch.inference_mode()
+    def execute(self, scheduled: list[ScheduledSeq], needs: ProposerNeeds | None = None) -> StepResult:
+        batch = [ForwardInput(s.seq.all_token_ids[s.seq.num_computed_tokens:][:s.num_new_tokens]
+                              + s.spec_token_ids, s.seq.num_computed_tokens, s.seq.block_ids)
+                 for s in scheduled]
+        aux_ids = needs.aux_layer_ids if needs else ()
+        hidden, aux, cu = self.forward(batch, aux_ids)
+        target_hidden = None
+        if needs and (needs.hidden_states or aux_ids):
+            target_hidden = TargetHidden(hidden, aux, cu, [s.seq for s in scheduled])
+        sampling = [(i, s) for i, s in enumerate(scheduled) if s.samples]
+        if not sampling:
+            return StepResult([], [], [], target_hidden=target_hidden)
+        seqs = [s.seq for _, s in sampling]
+        drafts = [s.spec_token_ids for _, s in sampling]
+        rows = [r for i, s in sampling for r in range(cu[i + 1] - len(s.spec_token_ids) - 1, cu[i + 1])]
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [num_rows, V]
+        meta = build_sampling_metadata(seqs, drafts, self.vocab_size, self.eos_token_ids, self.device)
+        if not any(drafts):
+            out = sample(logits, meta)
+            token_rows, token_ids = out.token_ids, [[t] for t in out.token_ids.tolist()]
+        else:
+            verified = rejection_sample(logits, meta, _verify_input(seqs, drafts, self.device))
+            token_rows = verified.row_token_ids
+            token_ids = [row[:n + 1] for row, n in zip(verified.token_ids.tolist(),
+                                                       verified.num_accepted.tolist())]
+        result = StepResult(seqs, token_ids, [len(d) for d in drafts], target_hidden=target_hidden)
+        if meta.max_num_logprobs is not None:
+            _add_logprobs(result, logits, token_rows, meta.max_num_logprobs, drafts)
         return result
 
 
-def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:  # [num_rows, max_len] int64
-    width = max(1, max(len(r) for r in rows))
-    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.int64)
+def _verify_input(seqs: list[Sequence], drafts: list[list[int]], device: torch.device) -> VerifyInput:
+    k = max(len(d) for d in drafts)
+    num = torch.tensor([len(d) for d in drafts])
+    starts = torch.cumsum(num + 1, 0) - (num + 1)
+    row_index = starts[:, None] + torch.arange(k + 1)[None, :]
+    row_index = torch.where(torch.arange(k + 1)[None, :] <= num[:, None], row_index, 0)
+    draft_ids = torch.full((len(drafts), k), -1, dtype=torch.int64)
+    for i, d in enumerate(drafts):
+        draft_ids[i, :len(d)] = torch.tensor(d, dtype=torch.int64)
+    inp = VerifyInput(draft_ids.to(device), num.to(device), row_index.to(device))
+    if any(s.spec_probs is not None for s in seqs):
+        vocab = next(s.spec_probs for s in seqs if s.spec_probs is not None).shape[-1]
+        probs = torch.zeros(len(seqs), k, vocab, device=device)
+        for i, seq in enumerate(seqs):
+            if seq.spec_probs is not None and drafts[i]:
+                probs[i, :len(drafts[i])] = seq.spec_probs[:len(drafts[i])]
+        inp.draft_probs = probs
+        inp.has_probs = torch.tensor([s.spec_probs is not None for s in seqs], device=device)
+    return inp
+
+
+def _add_logprobs(result: StepResult, logits: torch.Tensor,  # [num_rows, V] raw
+                  token_rows: torch.Tensor,  # [num_rows] emitted token per row, -1 where none
+                  num_top: int, drafts: list[list[int]]) -> None:
+    """Logprobs (of the raw logits, vLLM's default) of every emitted token, one host sync."""
+    logprobs = logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_rows.clamp(min=0)[:, None])
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    flat_lp, flat_rank = chosen.squeeze(1).tolist(), ranks.tolist()
+    top_lp = top_ids = None
+    if num_top > 0:
+        top_lp, top_ids = (t.tolist() for t in logprobs.topk(num_top, dim=-1))
+    result.logprobs, result.ranks = [], []
+    result.top_ids, result.top_logprobs = ([], []) if num_top > 0 else (None, None)
+    row = 0
+    for tokens, draft in zip(result.token_ids, drafts):
+        span = range(row, row + len(tokens))
+        result.logprobs.append([flat_lp[r] for r in span])
+        result.ranks.append([flat_rank[r] for r in span])
+        if num_top > 0:
+            result.top_ids.append([top_ids[r] for r in span])
+            result.top_logprobs.append([top_lp[r] for r in span])
+        row += len(draft) + 1

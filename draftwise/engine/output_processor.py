@@ -21,32 +21,38 @@ class OutputProcessor:
         self.max_model_len = max_model_len
 
     def append(self, result: StepResult) -> list[Sequence]:
-        """Append each sampled token; return the sequences that finished."""
+        """Append each emitted token in order; return the sequences that finished.
+
+        A step may emit several tokens per sequence (accepted drafts, then one
+        sampled token); tokens after a stop condition are dropped.
+        """
         now = time.time()
         finished = []
         for i, seq in enumerate(result.seqs):
-            token = result.token_ids[i]
-            seq.all_token_ids.append(token)
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            if result.logprobs is not None and seq.logprobs is not None:
-                self._record_logprobs(seq, result, i)
-            if self._check_stop(seq, token):
-                seq.finished_time = now
-                finished.append(seq)
+            for j, token in enumerate(result.token_ids[i]):
+                seq.all_token_ids.append(token)
+                if result.logprobs is not None and seq.logprobs is not None:
+                    self._record_logprobs(seq, result, i, j)
+                if self._check_stop(seq, token):
+                    seq.finished_time = now
+                    finished.append(seq)
+                    break
         return finished
 
-    def _record_logprobs(self, seq: Sequence, result: StepResult, i: int) -> None:
-        token = result.token_ids[i]
-        entry = {token: Logprob(result.logprobs[i], result.ranks[i])}
+    def _record_logprobs(self, seq: Sequence, result: StepResult, i: int, j: int) -> None:
+        token, logprob = result.token_ids[i][j], result.logprobs[i][j]
+        entry = {token: Logprob(logprob, result.ranks[i][j])}
         num_top = seq.params.logprobs
         if num_top and result.top_ids is not None:
-            for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:num_top], result.top_logprobs[i][:num_top])):
+            pairs = zip(result.top_ids[i][j][:num_top], result.top_logprobs[i][j][:num_top])
+            for rank, (tid, lp) in enumerate(pairs):
                 entry.setdefault(tid, Logprob(lp, rank + 1))
         for tid, lp in entry.items():
             lp.decoded_token = self.tokenizer.decode([tid])
         seq.logprobs.append(entry)
-        seq.cumulative_logprob += result.logprobs[i]
+        seq.cumulative_logprob += logprob
 
     def _check_stop(self, seq: Sequence, token: int) -> bool:
         params = seq.params
@@ -107,7 +113,10 @@ class OutputProcessor:
             first_token_time=min((s.first_token_time for s in seqs if s.first_token_time), default=None),
             finished_time=max((s.finished_time or 0 for s in seqs), default=None) or None,
             num_generation_tokens=sum(s.num_output_tokens for s in seqs),
-            num_preemptions=sum(s.num_preemptions for s in seqs))
+            num_preemptions=sum(s.num_preemptions for s in seqs),
+            spec_num_drafts=sum(s.num_drafts for s in seqs),
+            spec_num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
+            spec_num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=first.prompt_token_ids,
                              outputs=completions, finished=all(s.is_finished for s in seqs),
                              metrics=metrics)

@@ -1,8 +1,10 @@
 """Continuous batching: which sequences run this step, and how many tokens each.
 
 Each step has a token budget (``max_num_batched_tokens``) and a sequence
-budget (``max_num_seqs``). Running sequences go first (a decode token, or the
-next chunk of an unfinished prefill); waiting sequences are admitted while
+budget (``max_num_seqs``). Running sequences go first (a decode token and its
+draft tokens to verify, or the next chunk of an unfinished prefill); drafts
+count against the budget and are dropped, never preempting anyone, when
+budget or KV blocks run short. Waiting sequences are admitted while
 budget and KV blocks last, their prompts chunked to fit. When a running
 sequence cannot get a block, the most recently admitted running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue to
@@ -22,7 +24,12 @@ from .sequence import Sequence, SequenceStatus
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # tokens of ``seq.all_token_ids`` to run
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts run after them, to verify
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_new_tokens + len(self.spec_token_ids)
 
     @property
     def samples(self) -> bool:
@@ -67,11 +74,12 @@ class Scheduler:
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._reserve(seq, num_new, out):
                 continue
-            out.scheduled.append(ScheduledSeq(seq, num_new))
-            budget -= num_new
+            item = ScheduledSeq(seq, num_new, self._drafts(seq, num_new, budget - num_new))
+            out.scheduled.append(item)
+            budget -= item.num_scheduled_tokens
         if not out.preempted:
             budget = self._admit_waiting(out, budget)
-        out.num_batched_tokens = sum(item.num_new_tokens for item in out.scheduled)
+        out.num_batched_tokens = sum(item.num_scheduled_tokens for item in out.scheduled)
         now = time.time()
         for item in out.scheduled:
             if item.seq.first_scheduled_time is None:
@@ -86,6 +94,16 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+
+    def _drafts(self, seq: Sequence, num_new: int, budget: int) -> list[int]:
+        """The drafts to verify this step: only when the step samples, within budget and free blocks."""
+        if not seq.spec_token_ids or seq.num_computed_tokens + num_new != seq.num_tokens:
+            return []
+        drafts = seq.spec_token_ids[:budget]
+        base = seq.num_computed_tokens + num_new
+        while drafts and not self.block_manager.ensure(seq, base + len(drafts)):
+            drafts = drafts[:max(0, len(seq.block_ids) * self.block_manager.block_size - base)]
+        return drafts
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -104,6 +122,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.reset_speculation()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -47,6 +47,19 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text = ""  # detokenized output, truncated at a stop string when one matched
+        # Speculative decoding: drafts proposed for the next step, and what the drafter has seen.
+        self.spec_token_ids: list[int] = []
+        self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None (one-hot)
+        self.drafter_num_computed_tokens = 0  # positions held by the proposer's own KV cache
+        self.num_drafts = 0  # steps that verified at least one draft of this sequence
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+
+    def reset_speculation(self) -> None:
+        """Forget drafts and drafter state (after preemption, the KV is recomputed from scratch)."""
+        self.spec_token_ids = []
+        self.spec_probs = None
+        self.drafter_num_computed_tokens = 0
 
     @property
     def num_tokens(self) -> int:

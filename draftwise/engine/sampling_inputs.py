@@ -1,0 +1,95 @@
+"""Per-row sampling settings for one step, including the rows that verify drafts.
+
+A sequence that samples contributes ``num_drafts + 1`` rows: row ``j`` draws
+the token at position ``seq.num_tokens + j`` as if drafts ``[0, j)`` were
+already part of the output. So penalties count those drafts as output
+tokens, min-tokens suppression uses the output length at that row, and the
+noise is keyed by that row's position: exactly what plain decoding would do
+at that point, which keeps verification lossless and seeds reproducible.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..layers.sampler import Penalties, SamplingMetadata
+from .sequence import Sequence
+
+
+def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab_size: int,
+                            eos_token_ids: list[int], device: torch.device) -> SamplingMetadata:
+    """Rows are grouped per sequence: ``len(drafts[i]) + 1`` rows for ``seqs[i]``."""
+    params = [s.params for s in seqs]
+    reps = torch.tensor([len(d) + 1 for d in drafts])
+    offsets = torch.cat([torch.arange(r) for r in reps.tolist()])  # [num_rows] draft index of each row
+
+    def rows(values, dtype=None) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).repeat_interleave(reps).to(device)
+
+    greedy = [p.greedy for p in params]
+    top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    meta = SamplingMetadata(
+        all_greedy=all(greedy),
+        greedy=rows(greedy),
+        temperature=rows([p.temperature or 1.0 for p in params], torch.float32),
+        top_k=rows(top_k) if any(k < vocab_size for k in top_k) else None,
+        top_p=rows(top_p, torch.float32) if any(p < 1.0 for p in top_p) else None,
+        min_p=rows(min_p, torch.float32) if any(m > 0 for m in min_p) else None,
+        seeds=rows([s.seed for s in seqs], torch.int64),
+        positions=rows([s.num_tokens for s in seqs], torch.int64) + offsets.to(device),
+        max_num_logprobs=max(logprobs) if logprobs else None,
+    )
+    if any(p.has_penalties for p in params):
+        meta.penalties = _penalties(seqs, drafts, reps, vocab_size, device)
+    _suppress(seqs, drafts, meta, eos_token_ids, device)
+    return meta
+
+
+def _penalties(seqs: list[Sequence], drafts: list[list[int]], reps: torch.Tensor, vocab_size: int,
+               device: torch.device) -> Penalties:
+    outputs = _padded([s.output_token_ids for s in seqs], vocab_size)
+    prompts = _padded([s.prompt_token_ids for s in seqs], vocab_size)
+    counts = torch.zeros(len(seqs), vocab_size + 1)
+    counts.scatter_add_(1, outputs, torch.ones_like(outputs, dtype=torch.float32))
+    seen = torch.zeros(len(seqs), vocab_size + 1, dtype=torch.bool)
+    seen.scatter_(1, prompts, True)
+    counts, seen = counts.repeat_interleave(reps, 0), seen.repeat_interleave(reps, 0)
+    # Row j of a sequence also counts its drafts [0, j) as output tokens.
+    draft_rows, draft_ids, row = [], [], 0
+    for draft in drafts:
+        for j in range(1, len(draft) + 1):
+            draft_rows += [row + j] * j
+            draft_ids += draft[:j]
+        row += len(draft) + 1
+    if draft_rows:
+        counts.index_put_((torch.tensor(draft_rows), torch.tensor(draft_ids)), torch.tensor(1.0), accumulate=True)
+    counts, seen = counts[:, :-1], seen[:, :-1] | (counts[:, :-1] > 0)
+    p = [s.params for s in seqs]
+    return Penalties(
+        presence=torch.tensor([x.presence_penalty for x in p]).repeat_interleave(reps).to(device),
+        frequency=torch.tensor([x.frequency_penalty for x in p]).repeat_interleave(reps).to(device),
+        repetition=torch.tensor([x.repetition_penalty for x in p]).repeat_interleave(reps).to(device),
+        output_counts=counts.to(device), seen=seen.to(device))
+
+
+def _suppress(seqs: list[Sequence], drafts: list[list[int]], meta: SamplingMetadata,
+              eos_token_ids: list[int], device: torch.device) -> None:
+    """Ban EOS and stop ids on rows that have not reached min_tokens yet."""
+    rows, ids, row = [], [], 0
+    for seq, draft in zip(seqs, drafts):
+        banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else eos_token_ids)
+        for j in range(len(draft) + 1):
+            if seq.num_output_tokens + j < seq.params.min_tokens:
+                rows += [row + j] * len(banned)
+                ids += banned
+        row += len(draft) + 1
+    if rows:
+        meta.suppress_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+        meta.suppress_ids = torch.tensor(ids, dtype=torch.int64, device=device)
+
+
+def _padded(rows: list[list[int]], pad: int) -> torch.Tensor:  # [num_rows, max_len] int64
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.int64)

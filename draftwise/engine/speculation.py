@@ -1,0 +1,92 @@
+"""The engine's side of speculative decoding: verification bookkeeping, rollback, drafting.
+
+``Speculator`` wraps the configured proposer. After each target step:
+
+1. ``on_verified``: the accepted drafts' K/V stay (``num_computed_tokens``
+   advances past them); rejected positions are simply not counted, so the
+   next step overwrites their slots. Counters and the interval log line are
+   updated.
+2. (the engine appends the emitted tokens and releases finished sequences)
+3. ``propose``: blocks past the sequence's end are given back, a drafter's
+   own KV is clipped to the positions it saw that were accepted, and the
+   proposer drafts for every sequence still running, each clipped to
+   ``num_speculative_tokens``, ``max_model_len``, ``max_tokens`` and the KV
+   blocks it can get.
+"""
+from __future__ import annotations
+
+from ..spec.config import SpeculativeConfig
+from ..spec.interface import ProposeBatch, ProposerNeeds, TargetInfo
+from ..spec.metrics import SpecDecodingLogger, SpecDecodingStats
+from .block_manager import BlockManager
+from .model_runner import StepResult
+from .sequence import Sequence
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, target: TargetInfo):
+        self.config = config
+        self.proposer = config.proposer_cls(config, target)
+        self.num_spec_tokens = config.num_speculative_tokens
+        self.max_model_len = target.max_model_len
+        self.stats = SpecDecodingStats(self.num_spec_tokens)
+        self.logger = SpecDecodingLogger(self.num_spec_tokens)
+        self.block_manager: BlockManager | None = None
+
+    @property
+    def needs(self) -> ProposerNeeds:
+        return self.proposer.needs
+
+    def kv_bytes_per_token(self) -> int:
+        return self.proposer.kv_bytes_per_token()
+
+    def bind(self, block_manager: BlockManager) -> None:
+        self.block_manager = block_manager
+        self.proposer.bind_kv_pool(block_manager.num_blocks)
+
+    def on_verified(self, result: StepResult) -> None:
+        step = SpecDecodingStats(self.num_spec_tokens)
+        for seq, tokens, num_drafts in zip(result.seqs, result.token_ids, result.num_draft_tokens):
+            seq.spec_token_ids, seq.spec_probs = [], None
+            if num_drafts == 0:
+                continue
+            num_accepted = len(tokens) - 1
+            seq.num_computed_tokens += num_accepted
+            seq.num_drafts += 1
+            seq.num_draft_tokens += num_drafts
+            seq.num_accepted_tokens += num_accepted
+            step.observe(num_drafts, num_accepted)
+        if step.num_drafts:
+            self.stats.add(step)
+            self.logger.record(step)
+
+    def propose(self, result: StepResult) -> None:
+        seqs = [seq for seq in result.seqs if not seq.is_finished]
+        if not seqs:
+            return
+        limits = []
+        for seq in seqs:
+            self.block_manager.trim(seq, seq.num_tokens)
+            seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_tokens - 1)
+            limits.append(self._max_num_drafts(seq))
+        drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
+        token_rows = drafts.token_ids.tolist()
+        for i, seq in enumerate(seqs):
+            num = min(drafts.num_draft_tokens[i], limits[i])
+            seq.spec_token_ids = token_rows[i][:num]
+            seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
+
+    def _max_num_drafts(self, seq: Sequence) -> int:
+        limit = min(self.num_spec_tokens, self.max_model_len - seq.num_tokens - 1)
+        if seq.params.max_tokens is not None:
+            limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
+        if limit > 0 and self.needs.kv_cache and not self.block_manager.ensure(seq, seq.num_tokens + limit):
+            capacity = len(seq.block_ids) * self.block_manager.block_size
+            limit = min(limit, capacity - seq.num_tokens)
+        return max(0, limit)
+
+    def on_finished(self, seq: Sequence) -> None:
+        self.proposer.on_finished(seq)
+
+    def flush_log(self) -> None:
+        self.logger.flush()

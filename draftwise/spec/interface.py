@@ -1,0 +1,162 @@
+"""The proposer seam: one protocol every speculative method implements, and its registry.
+
+A proposer turns the state of the running sequences into draft tokens for the
+next step. The engine never branches on a method's name: it reads the
+proposer's ``needs`` (token ids only, the target's last hidden state, some of
+its intermediate hidden states, a KV cache of its own in the shared paged
+pool) and gives it exactly that.
+
+Life cycle, once per engine step, after the step's tokens were appended:
+
+1. ``propose(batch)`` for the running sequences that will decode next step.
+   ``batch.max_num_drafts[i]`` is already clipped to ``num_speculative_tokens``,
+   ``max_model_len``, ``max_tokens`` and free KV slots; a proposer returns at
+   most that many drafts per sequence (zero is fine: "no draft this step").
+2. The engine verifies the drafts in the next target forward and rolls back
+   rejected positions. Proposers with their own KV cache roll back lazily:
+   ``seq.drafter_num_computed_tokens`` is clipped by the engine to the
+   positions whose tokens the drafter saw and that were accepted.
+3. ``on_finished(seq)`` when a sequence finishes, aborts or is preempted, so
+   per-sequence state (trees, caches) is released.
+
+A method is one file in ``draftwise/spec/proposers/`` that subclasses
+``Proposer`` and decorates it with ``@register``; its method-specific keys of
+``speculative_config`` are the fields of its nested ``Options`` dataclass.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from ..engine.sequence import Sequence
+    from .config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class ProposerNeeds:
+    """What a proposer reads from the target besides token ids."""
+    hidden_states: bool = False  # the target's final-norm hidden state of each computed row
+    aux_layer_ids: tuple[int, ...] = ()  # inputs of these target layers, for each computed row
+    kv_cache: bool = False  # a KV cache of its own, addressed by the sequences' block tables
+
+
+@dataclass
+class TargetInfo:
+    """What the engine tells a proposer about the target model and the KV pool."""
+    model: Any  # the target DecoderLM (embeddings and lm_head may be shared)
+    hf_config: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class TargetHidden:
+    """Hidden states of the target rows computed this step (only when a proposer needs them)."""
+    hidden_states: torch.Tensor  # [num_tokens, hidden_size] fp32, final norm applied
+    aux_hidden_states: list[torch.Tensor]  # each [num_tokens, hidden_size]
+    cu_num_tokens: list[int]  # [num_seqs + 1]: rows of seqs[i] are cu[i]:cu[i+1]
+    seqs: list["Sequence"]  # every sequence scheduled this step, in row order
+
+
+@dataclass
+class ProposeBatch:
+    seqs: list["Sequence"]
+    max_num_drafts: list[int]  # per sequence: the most drafts it may receive this step
+    target_hidden: TargetHidden | None = None
+
+
+@dataclass
+class DraftBatch:
+    """Drafts for the sequences of a ``ProposeBatch``, in the same order."""
+    token_ids: torch.Tensor  # [num_seqs, max_num_drafts] int64 (CPU), -1 past num_draft_tokens
+    num_draft_tokens: list[int]
+    probs: torch.Tensor | None = None  # [num_seqs, max_num_drafts, vocab] draft distribution, or
+    # None: the drafts are one-hot (greedy drafters, ngram, suffix)
+
+    @classmethod
+    def from_lists(cls, drafts: list[list[int]], probs: torch.Tensor | None = None) -> "DraftBatch":
+        width = max((len(d) for d in drafts), default=0)
+        ids = torch.full((len(drafts), width), -1, dtype=torch.int64)
+        for i, draft in enumerate(drafts):
+            if draft:
+                ids[i, :len(draft)] = torch.tensor(draft, dtype=torch.int64)
+        return cls(ids, [len(d) for d in drafts], probs)
+
+
+class Proposer(ABC):
+    """Base class of every speculative method (see the module docstring for the contract)."""
+    method: ClassVar[str]
+    needs: ClassVar[ProposerNeeds] = ProposerNeeds()
+
+    @dataclass
+    class Options:
+        """Method-specific keys of ``speculative_config`` (none by default)."""
+
+    def __init__(self, config: "SpeculativeConfig", target: TargetInfo):
+        self.config = config
+        self.options = config.options
+        self.target = target
+
+    @classmethod
+    def default_num_speculative_tokens(cls, options) -> int | None:
+        """Used when ``num_speculative_tokens`` is omitted; None makes it required."""
+        return None
+
+    @classmethod
+    def check_config(cls, config: "SpeculativeConfig") -> None:
+        """Method-specific checks of the common keys (e.g. whether ``model`` is required)."""
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of this proposer's own KV cache per token slot (0 without one)."""
+        return 0
+
+    def bind_kv_pool(self, num_blocks: int) -> None:
+        """Allocate the proposer's KV cache for ``num_blocks`` blocks (``needs.kv_cache`` only)."""
+
+    @abstractmethod
+    def propose(self, batch: ProposeBatch) -> DraftBatch:
+        ...
+
+    def on_finished(self, seq: "Sequence") -> None:
+        """Release any state kept for ``seq`` (finished, aborted or preempted)."""
+
+
+_REGISTRY: dict[str, type[Proposer]] = {}
+
+
+def register(cls: type[Proposer]) -> type[Proposer]:
+    if not dataclasses.is_dataclass(cls.Options):
+        raise TypeError(f"{cls.__name__}.Options must be a dataclass")
+    _REGISTRY[cls.method] = cls
+    return cls
+
+
+def registered_methods() -> list[str]:
+    _load_proposers()
+    return sorted(_REGISTRY)
+
+
+def proposer_class(method: str) -> type[Proposer] | None:
+    _load_proposers()
+    return _REGISTRY.get(method)
+
+
+def _load_proposers() -> None:
+    """Import every module of ``draftwise.spec.proposers`` once, so each registers itself."""
+    import importlib
+    import pkgutil
+
+    from . import proposers
+
+    for info in pkgutil.iter_modules(proposers.__path__):
+        importlib.import_module(f"{proposers.__name__}.{info.name}")

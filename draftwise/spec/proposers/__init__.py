@@ -1,0 +1,1 @@
+"""One module per speculative method; each registers its ``Proposer`` subclass on import."""
