@@ -207,3 +207,51 @@ def greedy(max_tokens=16, **kw):
     from draftwise import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+def _save_random_llama(out_dir, tokenizer, seed: int, vocab_size: int, num_layers: int = 2,
+                       init_range: float = 0.2):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    eos_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                         max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=eos_id,
+                         eos_token_id=eos_id, initializer_range=init_range)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).to(torch.float32).eval().save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_dir(tiny_model_dir, tmp_path_factory):
+    """A different random 1-layer model with the tiny model's tokenizer: a draft with low acceptance."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    out_dir = tmp_path_factory.mktemp("tiny-draft")
+    _save_random_llama(out_dir, tokenizer, seed=1, vocab_size=len(tokenizer), num_layers=1)
+    return out_dir
+
+
+SMALL_VOCAB_WORDS = ["<|endoftext|>", "a", "b", "c", "d", "e", "f", "g", "h", "i"]
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """(target_dir, draft_dir): random models over a 10-token word-level vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(SMALL_VOCAB_WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                     unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    dirs = []
+    for name, seed in (("small-target", 10), ("small-draft", 11)):
+        out_dir = tmp_path_factory.mktemp(name)
+        _save_random_llama(out_dir, hf_tok, seed=seed, vocab_size=len(vocab), init_range=0.5)
+        dirs.append(out_dir)
+    return tuple(dirs)

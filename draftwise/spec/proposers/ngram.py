@@ -32,10 +32,11 @@ class NgramProposer(Proposer):
 
         def __post_init__(self) -> None:
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            for key, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if value is not None:
+                    check_int(key, value, 1)
             lo, hi = (5, 5) if lo is None and hi is None else (lo if lo is not None else hi,
                                                                  hi if hi is not None else lo)
-            check_int("prompt_lookup_min", lo, 1)
-            check_int("prompt_lookup_max", hi, 1)
             if lo > hi:
                 raise ValueError(f"speculative_config: 'prompt_lookup_min'={lo} must be <= "
                                  f"'prompt_lookup_max'={hi}")

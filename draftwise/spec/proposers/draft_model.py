@@ -1,0 +1,125 @@
+"""``draft_model``: a smaller model with the target's vocabulary drafts ``k`` tokens.
+
+The drafter is any model draftwise can load (``speculative_config["model"]``:
+a local HF directory, a .gguf file or a bundled name). Its KV cache lives in
+the same paged pool as the target's: a parallel tensor addressed by the
+sequences' own block tables, so it grows, rolls back and is freed with them.
+
+Each step, per sequence: run the tokens the drafter has not seen yet
+(``all_token_ids[drafter_num_computed_tokens:]``: the prompt on first sight,
+then the accepted drafts and the new target token), then ``k - 1`` single-
+token steps feeding its own drafts. All sequences run batched, one ragged
+forward per draft position. After verification the engine clips
+``drafter_num_computed_tokens`` to the accepted positions.
+
+``draft_sample_method``: ``greedy`` (default, as vLLM: drafts are the
+drafter's argmax, verified as one-hot) or ``probabilistic`` (sampled
+requests draw drafts from the drafter's own temperature/top-k/top-p
+distribution and keep it as ``q`` for standard speculative sampling).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...engine.model_runner import ForwardInput, ModelRunner
+from ...engine.sampling_inputs import build_sampling_metadata
+from ...layers.sampler import target_probs, uniform_noise
+from ...models.loader import resolve_model
+from ...models.registry import build_model, load_config
+from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
+from ..validate import PREFIX, check_choice
+
+DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
+
+
+@register
+class DraftModelProposer(Proposer):
+    method = "draft_model"
+    needs = ProposerNeeds(kv_cache=True)
+
+    @dataclass
+    class Options:
+        draft_sample_method: str = "greedy"
+
+        def __post_init__(self) -> None:
+            check_choice("draft_sample_method", self.draft_sample_method, ("greedy", "probabilistic"))
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        if not config.model:
+            raise ValueError(f"{PREFIX}: method 'draft_model' needs 'model' (the draft model's path or name)")
+
+    def __init__(self, config, target):
+        super().__init__(config, target)
+        path = resolve_model(config.model)
+        hf_config = load_config(path)
+        if hf_config.vocab_size != target.vocab_size:
+            raise ValueError(f"{PREFIX}['model']={config.model!r}: the draft model's vocabulary "
+                             f"({hf_config.vocab_size} tokens) differs from the target's ({target.vocab_size}); "
+                             "draft_model needs the same tokenizer")
+        limit = getattr(hf_config, "max_position_embeddings", None) or target.max_model_len
+        if limit < target.max_model_len:
+            raise ValueError(f"{PREFIX}['model']={config.model!r}: the draft model handles {limit} positions, "
+                             f"fewer than max_model_len={target.max_model_len}; lower max_model_len")
+        self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len)
+        self.runner: ModelRunner | None = None
+
+    def kv_bytes_per_token(self) -> int:
+        return ModelRunner.kv_bytes_per_token(self.model, self.target.dtype)
+
+    def bind_kv_pool(self, num_blocks: int) -> None:
+        self.runner = ModelRunner(self.model, self.target.device, self.target.dtype, num_blocks,
+                                  self.target.block_size, set())
+
+    @torch.inference_mode()
+    def propose(self, batch: ProposeBatch) -> DraftBatch:
+        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        probs: list[list[torch.Tensor]] = [[] for _ in batch.seqs]
+        rows = [i for i, limit in enumerate(batch.max_num_drafts) if limit > 0]
+        inputs = [ForwardInput(batch.seqs[i].all_token_ids[batch.seqs[i].drafter_num_computed_tokens:],
+                               batch.seqs[i].drafter_num_computed_tokens, batch.seqs[i].block_ids) for i in rows]
+        step = 0
+        while rows:
+            hidden, _, cu = self.runner.forward(inputs)
+            logits = self.model.compute_logits(hidden[torch.tensor(cu[1:]) - 1])  # [num_rows, vocab]
+            tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
+            next_rows, inputs = [], []
+            for row, (i, token) in enumerate(zip(rows, tokens.tolist())):
+                seq = batch.seqs[i]
+                drafts[i].append(token)
+                if q is not None:
+                    probs[i].append(q[row])
+                seq.drafter_num_computed_tokens = seq.num_tokens + step  # K/V of the positions fed so far
+                if len(drafts[i]) < batch.max_num_drafts[i]:
+                    next_rows.append(i)
+                    inputs.append(ForwardInput([token], seq.num_tokens + step, seq.block_ids))
+            rows, step = next_rows, step + 1
+        return DraftBatch.from_lists(drafts, _stack(probs, drafts))
+
+    def _draw(self, logits: torch.Tensor,  # [num_rows, vocab]
+              seqs, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafts of one position: argmax, or (probabilistic) a draw from q, returned with q."""
+        token_ids = logits.argmax(dim=-1)
+        if self.options.draft_sample_method == "greedy" or all(s.params.greedy for s in seqs):
+            return token_ids, None
+        meta = build_sampling_metadata(seqs, [[]] * len(seqs), self.target.vocab_size, [], self.target.device)
+        meta.penalties = meta.suppress_rows = meta.suppress_ids = None
+        q = target_probs(logits.float(), meta)
+        noise = uniform_noise(meta.seeds, meta.positions + step, q.shape[-1], DRAFT_STREAM)
+        sampled = (q / -torch.log(noise)).argmax(dim=-1)
+        return torch.where(meta.greedy, token_ids, sampled), q
+
+
+def _stack(probs: list[list[torch.Tensor]], drafts: list[list[int]]) -> torch.Tensor | None:
+    """[num_seqs, max_num_drafts, vocab] zero-padded, or None when no draft carries probs."""
+    if not any(probs):
+        return None
+    vocab = next(p for p in probs if p)[0].shape[-1]
+    width = max(len(d) for d in drafts)
+    out = torch.zeros(len(probs), width, vocab, device=next(p for p in probs if p)[0].device)
+    for i, rows in enumerate(probs):
+        if rows:
+            out[i, :len(rows)] = torch.stack(rows)
+    return out
