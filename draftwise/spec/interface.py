@@ -130,6 +130,10 @@ class Proposer(ABC):
     def on_finished(self, seq: "Sequence") -> None:
         """Release any state kept for ``seq`` (finished, aborted or preempted)."""
 
+    def tracked_seq_ids(self) -> set[int]:
+        """Sequences this proposer keeps state for (empty once every request has finished)."""
+        return set()
+
 
 _REGISTRY: dict[str, type[Proposer]] = {}
 

@@ -61,6 +61,9 @@ class NgramProposer(Proposer):
     def on_finished(self, seq) -> None:
         self._contexts.pop(seq.seq_id, None)
 
+    def tracked_seq_ids(self) -> set[int]:
+        return set(self._contexts)
+
 
 class _Context:
     """A numpy mirror of one sequence's token list, grown by appending (amortised O(1))."""

@@ -1,0 +1,85 @@
+"""The proposer contract, checked for every registered method: shapes, -1 padding, clipping to
+``max_num_drafts`` (including zero), and release of per-sequence state."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS, greedy
+from draftwise import LLM
+from draftwise.engine.sequence import Sequence
+from draftwise.sampling_params import SamplingParams
+from draftwise.spec import ProposeBatch, registered_methods
+from test_spec_equivalence import spec_configs
+
+
+@pytest.fixture(scope="module", params=registered_methods())
+def engine(request, tiny_model_dir, tiny_draft_dir):
+    config = spec_configs(tiny_draft_dir)[request.param]
+    return LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config).llm_engine
+
+
+def _running_seqs(engine, prompts: list[str]) -> list[Sequence]:
+    """Sequences with blocks for their tokens, as the engine hands them to a proposer."""
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        ids = engine.tokenizer.encode(prompt) * 2  # repeated, so n-gram style methods find matches
+        seq = Sequence(f"contract-{i}", 0, ids, SamplingParams(temperature=0), seed=i, arrival_time=0.0)
+        assert engine.block_manager.ensure(seq, seq.num_tokens + 16)
+        seqs.append(seq)
+    return seqs
+
+
+def test_shapes_padding_and_clipping(engine):
+    seqs = _running_seqs(engine, PROMPTS[:5])
+    limits = [0, 1, 3, 2, 3]
+    proposer = engine.speculator.proposer
+    drafts = proposer.propose(ProposeBatch(seqs, limits))
+    assert drafts.token_ids.dtype == torch.int64
+    assert drafts.token_ids.shape[0] == len(seqs)
+    assert drafts.token_ids.shape[1] == max(drafts.num_draft_tokens, default=0)
+    vocab = engine.hf_config.vocab_size
+    for row, num, limit in zip(drafts.token_ids.tolist(), drafts.num_draft_tokens, limits):
+        assert 0 <= num <= limit
+        assert all(0 <= t < vocab for t in row[:num])
+        assert all(t == -1 for t in row[num:])
+    if drafts.probs is not None:
+        assert drafts.probs.shape == (*drafts.token_ids.shape, vocab)
+    assert sum(drafts.num_draft_tokens) > 0  # repeated prompts give every method something to draft
+    for seq in seqs:
+        proposer.on_finished(seq)
+        engine.block_manager.free(seq)
+
+
+def test_all_zero_limits_give_an_empty_batch(engine):
+    seqs = _running_seqs(engine, PROMPTS[:2])
+    drafts = engine.speculator.proposer.propose(ProposeBatch(seqs, [0, 0]))
+    assert drafts.num_draft_tokens == [0, 0] and drafts.token_ids.shape == (2, 0)
+    for seq in seqs:
+        engine.speculator.proposer.on_finished(seq)
+        engine.block_manager.free(seq)
+
+
+def test_state_is_released_after_requests_finish_or_abort(engine):
+    llm_engine = engine
+    proposer = llm_engine.speculator.proposer
+    llm_engine.add_request("done", PROMPTS[6], greedy(12))
+    llm_engine.add_request("aborted", PROMPTS[2], greedy(40))
+    for _ in range(3):
+        llm_engine.step()
+    llm_engine.abort_request("aborted")
+    while llm_engine.has_unfinished_requests():
+        llm_engine.step()
+    assert proposer.tracked_seq_ids() == set()
+    assert llm_engine.block_manager.num_free_blocks == llm_engine.block_manager.num_blocks
+
+
+def test_drafts_respect_max_tokens_and_max_model_len(tiny_model_dir, tiny_draft_dir):
+    for config in spec_configs(tiny_draft_dir).values():
+        llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config, max_model_len=128)
+        prompt_len = len(llm.get_tokenizer().encode(PROMPTS[6]))
+        out = llm.generate(PROMPTS[6], greedy(200, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+        assert len(out.token_ids) == 128 - prompt_len and out.finish_reason == "length"
+        for max_tokens in (1, 2, 7):
+            out = llm.generate(PROMPTS[6], greedy(max_tokens, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+            assert len(out.token_ids) == max_tokens

@@ -1,0 +1,56 @@
+"""Acceptance metrics: vLLM's counters, derived rates, per-request figures and the log line."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from conftest import PROMPTS, greedy
+from draftwise import LLM
+
+KEYS = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+        "spec_decode_num_accepted_tokens_per_pos", "spec_decode_acceptance_rate",
+        "spec_decode_mean_acceptance_length", "spec_decode_per_position_acceptance"}
+
+
+@pytest.fixture(scope="module")
+def ngram_llm(tiny_model_dir):
+    return LLM(model=str(tiny_model_dir), dtype="float32",
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                   "prompt_lookup_max": 2})
+
+
+def test_counters_and_derived_figures(ngram_llm):
+    outs = ngram_llm.generate(PROMPTS + ["a b c a b c a b c a b c"], greedy(40), use_tqdm=False)
+    m = ngram_llm.get_metrics()
+    assert set(m) == KEYS
+    assert m["spec_decode_num_drafts"] > 0
+    assert m["spec_decode_num_drafts"] <= m["spec_decode_num_draft_tokens"] <= 3 * m["spec_decode_num_drafts"]
+    assert 0 < m["spec_decode_num_accepted_tokens"] <= m["spec_decode_num_draft_tokens"]
+    assert sum(m["spec_decode_num_accepted_tokens_per_pos"]) == m["spec_decode_num_accepted_tokens"]
+    per_pos = m["spec_decode_num_accepted_tokens_per_pos"]
+    assert len(per_pos) == 3 and per_pos == sorted(per_pos, reverse=True)  # a position needs all before it
+    assert m["spec_decode_acceptance_rate"] == pytest.approx(
+        m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_draft_tokens"])
+    assert m["spec_decode_mean_acceptance_length"] == pytest.approx(
+        1 + m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_drafts"])
+    # Per-request figures add up to the engine's counters (fresh engine: this was its only call).
+    assert sum(o.metrics.spec_num_drafts for o in outs) == m["spec_decode_num_drafts"]
+    assert sum(o.metrics.spec_num_draft_tokens for o in outs) == m["spec_decode_num_draft_tokens"]
+    assert sum(o.metrics.spec_num_accepted_tokens for o in outs) == m["spec_decode_num_accepted_tokens"]
+    busy = max(outs, key=lambda o: o.metrics.spec_num_accepted_tokens).metrics
+    assert busy.spec_mean_acceptance_length == pytest.approx(1 + busy.spec_num_accepted_tokens / busy.spec_num_drafts)
+
+
+def test_periodic_log_line(ngram_llm, caplog):
+    ngram_llm.llm_engine.speculator.logger.interval_s = 0.0
+    with caplog.at_level(logging.INFO, logger="draftwise"):
+        ngram_llm.generate("a b c a b c a b c a b c", greedy(30), use_tqdm=False)
+    lines = [r.getMessage() for r in caplog.records if "Speculative decoding acceptance rate" in r.getMessage()]
+    assert lines and "mean acceptance length" in lines[0] and "per-position: [" in lines[0]
+
+
+def test_plain_engine_has_no_spec_metrics(tiny_llm):
+    assert tiny_llm.get_metrics() == {}
+    out = tiny_llm.generate("Hello", greedy(4), use_tqdm=False)[0]
+    assert out.metrics.spec_num_drafts == 0 and out.metrics.spec_mean_acceptance_length == 1.0
