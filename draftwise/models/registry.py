@@ -44,7 +44,7 @@ def load_config(path: Path):
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                 max_positions: int, gguf_int4: bool = False) -> DecoderLM:
-    """Load a model; with ``gguf_int4``, 4-bit GGUF layers run on the int4 kernel in bf16 on CPU."""
+    """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU."""
     spec = ARCH_SPECS[config.model_type]
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions)
@@ -52,7 +52,7 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     _load_state(model, load_weights(path, torch.float32))
     model = model.to_device(device, dtype).eval()
     source = gguf_source(path)
-    if gguf_int4 and source is not None and can_pack(device, dtype):
+    if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
     return model
 
