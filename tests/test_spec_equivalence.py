@@ -152,3 +152,20 @@ def _pooled(values: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """Cells expected to hold fewer than 5 of 4000 draws are merged into one."""
     small = exact * 4000 < 5
     return torch.cat([values[~small], values[small].sum()[None]])
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_equals_plain_fp32():
+    """The real model in fp32: ngram and suffix outputs equal plain greedy, alone and batched."""
+    prompts = ["def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):",
+               "List the days of the week, then list them again in reverse order."]
+    params = greedy(48)
+    plain = LLM(dtype="float32")
+    expected = _tokens(plain.generate(prompts, params, use_tqdm=False))
+    del plain
+    for config in ({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2,
+                    "prompt_lookup_max": 4}, {"method": "suffix", "num_speculative_tokens": 8}):
+        llm = LLM(dtype="float32", speculative_config=config)
+        assert [_tokens(llm.generate(p, params, use_tqdm=False))[0] for p in prompts] == expected
+        assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == expected
+        assert llm.get_metrics()["spec_decode_num_accepted_tokens"] > 0
