@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import PROMPTS, greedy
+
 from draftwise import LLM, SamplingParams
 from draftwise.spec import registered_methods
 

@@ -68,6 +68,7 @@ class LLMEngine:
                                   self.eos_token_ids)
         if self.speculator:
             self.speculator.bind(self.block_manager)
+            self.speculator.calibrate(self.runner)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -78,7 +79,8 @@ class LLMEngine:
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
         if config.speculative:
-            logger.info("draftwise: speculative decoding %s", config.speculative.to_dict())
+            logger.info("draftwise: speculative decoding %s; a verify row costs %.3f of a decode step",
+                        config.speculative.to_dict(), self.speculator.policy.row_cost)
 
     def _make_speculator(self, model) -> Speculator:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,

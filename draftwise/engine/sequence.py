@@ -54,6 +54,8 @@ class Sequence:
         self.num_drafts = 0  # steps that verified at least one draft of this sequence
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.draft_accepted = 0.0  # decayed counts behind the draft length policy's acceptance estimate
+        self.draft_tried = 0.0
 
     def reset_speculation(self) -> None:
         """Forget drafts and drafter state (after preemption, the KV is recomputed from scratch)."""

@@ -10,17 +10,22 @@
 3. ``propose``: blocks past the sequence's end are given back, a drafter's
    own KV is clipped to the positions it saw that were accepted, and the
    proposer drafts for every sequence still running, each clipped to
-   ``num_speculative_tokens``, ``max_model_len``, ``max_tokens`` and the KV
-   blocks it can get.
+   ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``, the length
+   worth verifying (``draft_length.py``) and the KV blocks it can get.
 """
 from __future__ import annotations
+
+import os
 
 from ..spec.config import SpeculativeConfig
 from ..spec.interface import ProposeBatch, ProposerNeeds, TargetInfo
 from ..spec.metrics import SpecDecodingLogger, SpecDecodingStats
 from .block_manager import BlockManager
-from .model_runner import StepResult
+from .draft_length import DraftLengthPolicy, measure_row_cost
+from .model_runner import ModelRunner, StepResult
 from .sequence import Sequence
+
+ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 
 
 class Speculator:
@@ -32,6 +37,7 @@ class Speculator:
         self.stats = SpecDecodingStats(self.num_spec_tokens)
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
+        self.policy = DraftLengthPolicy(0.0)
 
     @property
     def needs(self) -> ProposerNeeds:
@@ -44,6 +50,19 @@ class Speculator:
         self.block_manager = block_manager
         self.proposer.bind_kv_pool(block_manager.num_blocks)
 
+    def calibrate(self, runner: ModelRunner) -> None:
+        """Measure what a verify row costs, which sets how long drafts are worth making.
+
+        ``DRAFTWISE_VERIFY_ROW_COST`` (a number >= 0) skips the measurement; 0 never cuts drafts.
+        """
+        fixed = os.environ.get(ROW_COST_ENV)
+        if fixed is not None:
+            self.policy = DraftLengthPolicy(_row_cost_from_env(fixed))
+            return
+        num_rows = self.num_spec_tokens + 1
+        context_len = min(128, self.max_model_len - num_rows)
+        self.policy = DraftLengthPolicy(measure_row_cost(runner, self.block_manager, num_rows, context_len))
+
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
         for seq, tokens, num_drafts in zip(result.seqs, result.token_ids, result.num_draft_tokens):
@@ -55,6 +74,7 @@ class Speculator:
             seq.num_drafts += 1
             seq.num_draft_tokens += num_drafts
             seq.num_accepted_tokens += num_accepted
+            self.policy.observe(seq, num_drafts, num_accepted)
             step.observe(num_drafts, num_accepted)
         if step.num_drafts:
             self.stats.add(step)
@@ -80,6 +100,7 @@ class Speculator:
         limit = min(self.num_spec_tokens, self.max_model_len - seq.num_tokens - 1)
         if seq.params.max_tokens is not None:
             limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
+        limit = self.policy.limit(seq, limit)
         if limit > 0 and self.needs.kv_cache and not self.block_manager.ensure(seq, seq.num_tokens + limit):
             capacity = len(seq.block_ids) * self.block_manager.block_size
             limit = min(limit, capacity - seq.num_tokens)
@@ -90,3 +111,13 @@ class Speculator:
 
     def flush_log(self) -> None:
         self.logger.flush()
+
+
+def _row_cost_from_env(value: str) -> float:
+    try:
+        cost = float(value)
+    except ValueError:
+        cost = -1.0
+    if not cost >= 0.0:
+        raise ValueError(f"{ROW_COST_ENV}={value!r} is invalid: must be a number >= 0 (0 never cuts drafts)")
+    return cost

@@ -5,10 +5,11 @@ Contract
 Every step the model runner builds one ``AttentionMetadata`` for the whole
 batch; each layer then (1) writes the new tokens' K/V into its paged cache at
 ``slot_mapping`` and (2) attends each sequence's queries to that sequence's
-whole context, gathered from the cache through ``context_slots``.
+whole context, gathered block by block through ``block_table`` (a single
+sequence whose blocks are consecutive is read as a view of the cache).
 
-A sequence's context is laid out by position: ``context_slots[i, p]`` is the
-cache slot of position ``p`` of sequence ``i``. Queries are the tokens of this
+Position ``p`` of sequence ``i`` lives in cache slot
+``block_table[i, p // block_size] * block_size + p % block_size``. Queries are the tokens of this
 step (a prefill chunk, one decode token, or a decode token plus drafts to
 verify). Causality and sliding windows are expressed in the boolean masks, so
 several query tokens per sequence (chunked prefill, speculative verification)
@@ -16,7 +17,9 @@ need nothing special.
 
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
-(pad repeats a valid index), ``context_lens`` = [6, 3].
+(pad repeats a valid index), ``context_lens`` = [6, 3]. When every sequence
+has the same number of queries (all decoding, or one sequence verifying its
+drafts) there is no padding and no ``query_index``.
 """
 from __future__ import annotations
 
@@ -29,11 +32,15 @@ import torch.nn.functional as F
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] cache slot for each new token's K/V
-    context_slots: torch.Tensor  # [num_seqs, max_context_len] slot of each context position
-    query_index: torch.Tensor | None  # [num_seqs, max_query_len]; None when every query_len == 1
+    block_table: torch.Tensor  # [num_seqs, ceil(max_context_len / block_size)] block ids, pad 0
+    query_index: torch.Tensor | None  # [num_seqs, max_query_len]; None when all query_lens are equal
     query_unpad_index: torch.Tensor | None  # [num_tokens] rows of the padded [num_seqs*max_q] output
     mask: torch.Tensor | None  # [num_seqs, 1, max_query_len, max_context_len] True = attend
     sliding_mask: torch.Tensor | None  # same, also limited to the sliding window
+    max_query_len: int = 1
+    max_context_len: int = 1
+    block_size: int = 16
+    contiguous_start: int | None = None  # one sequence whose context sits in consecutive slots from here
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -54,16 +61,22 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
                             (ctx_lens - 1)[:, None])
     slot_mapping = torch.gather(context_slots, 1, query_pos)[q_valid]  # [num_tokens]
     query_index = query_unpad_index = None
-    if max_q > 1:
+    if min(query_lens) != max_q:  # ragged queries: pad to [num_seqs, max_q] and back
         cu_q = torch.cumsum(q_lens, 0) - q_lens
         query_index = torch.where(q_valid, cu_q[:, None] + q_offset[None, :], cu_q[:, None])
         query_unpad_index = torch.arange(q_valid.numel()).view_as(q_valid)[q_valid]
     mask, sliding_mask = _masks(key_pos, key_valid, query_pos, sliding_window,
                                 need_mask=max_q > 1 or min(context_lens) != max_ctx)
+    num_ctx_blocks = -(-max_ctx // block_size)
+    table = block_tables[:, :num_ctx_blocks].clamp_min(0)
+    first = table[0, 0].item() if len(context_lens) == 1 else None
+    contiguous = first is not None and bool((table[0] == first + torch.arange(num_ctx_blocks)).all())
     to_dev = lambda t: None if t is None else t.to(device)  # noqa: E731
-    return AttentionMetadata(slot_mapping=to_dev(slot_mapping), context_slots=to_dev(context_slots),
+    return AttentionMetadata(slot_mapping=to_dev(slot_mapping), block_table=to_dev(table),
                              query_index=to_dev(query_index), query_unpad_index=to_dev(query_unpad_index),
-                             mask=to_dev(mask), sliding_mask=to_dev(sliding_mask))
+                             mask=to_dev(mask), sliding_mask=to_dev(sliding_mask), max_query_len=max_q,
+                             max_context_len=max_ctx, block_size=block_size,
+                             contiguous_start=first * block_size if contiguous else None)
 
 
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
@@ -88,10 +101,9 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                     meta: AttentionMetadata, scale: float,
                     sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     kv_cache[:, meta.slot_mapping] = torch.stack((k, v))
-    context = kv_cache[:, meta.context_slots]  # [2, num_seqs, ctx, kv_heads, head_dim]
-    keys, values = context.transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
-    if meta.query_index is None:
-        queries = q.unsqueeze(2)  # [num_seqs, num_heads, 1, head_dim]
+    keys, values = _context(kv_cache, meta).transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
+    if meta.query_index is None:  # every sequence has max_query_len queries: a view, no gather
+        queries = q.view(-1, meta.max_query_len, *q.shape[1:]).transpose(1, 2)  # [num_seqs, heads, max_q, d]
     else:
         queries = q[meta.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
     mask = meta.sliding_mask if sliding else meta.mask
@@ -102,3 +114,13 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     if meta.query_unpad_index is not None:
         out = out[meta.query_unpad_index]
     return out
+
+
+def _context(kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
+             meta: AttentionMetadata) -> torch.Tensor:  # [2, num_seqs, max_context_len, kv_heads, head_dim]
+    """Each sequence's K/V by position: a view when its blocks are consecutive, else a block gather."""
+    if meta.contiguous_start is not None:
+        start = meta.contiguous_start
+        return kv_cache[:, start:start + meta.max_context_len].unsqueeze(1)
+    blocks = kv_cache.view(2, -1, meta.block_size, *kv_cache.shape[2:])[:, meta.block_table]
+    return blocks.flatten(2, 3)[:, :, :meta.max_context_len]

@@ -186,8 +186,8 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
 
 def _gguf_config(gguf: Path):
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config_dict = dict(load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
     config_dict.pop("_model_name_or_path", None)
