@@ -3,8 +3,9 @@
 For each workload (``draftwise.workloads``) and each method (``none`` = no speculation), every
 prompt runs on one engine per method, methods interleaved per prompt (their order rotating)
 so that the drift of a shared machine hits all methods alike. Reported per workload:
-output tokens/s (total output tokens / total request time, prefill included), speedup over
-``none``, acceptance rate (accepted / drafted), mean acceptance length (1 + accepted / drafts),
+output tokens/s (total output tokens / total request time, prefill included), decode tokens/s
+(tokens after the first / time after the first token: 1 / time per output token), speedups
+over ``none``, acceptance rate (accepted / drafted), mean acceptance length (1 + accepted / drafts),
 per-position acceptance (from ``LLM.get_metrics()`` differences around each request), and the
 share of prompts whose greedy output equals ``none``'s token for token (must be all of them in
 float32; bf16 may differ slightly because verifying several rows changes the rounding).
@@ -47,6 +48,7 @@ class Tally:
     """One engine on one workload; spec counters are differences of ``get_metrics``."""
     num_tokens: int = 0
     seconds: float = 0.0
+    decode_seconds: float = 0.0  # after each request's first token (prefill excluded)
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
@@ -55,9 +57,16 @@ class Tally:
     num_compared: int = 0
     has_metrics: bool = False
 
+    num_requests: int = 0
+
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first per second after the first: 1 / time per output token."""
+        return (self.num_tokens - self.num_requests) / self.decode_seconds if self.decode_seconds else 0.0
 
     def add_counters(self, before: dict, after: dict) -> None:
         self.has_metrics = True
@@ -94,18 +103,21 @@ def make_engine(args, label: str, method: str, k: int | None) -> Engine:
     llm = LLM(model=args.model, dtype=args.dtype, speculative_config=spec,
               kv_cache_memory_bytes=args.kv_cache_mib << 20, **extra)
     run_prompt(llm, WARMUP, SamplingParams(temperature=0, max_tokens=8))
-    print(f"  engine {label}: ready in {time.perf_counter() - start:.1f} s")
+    costs = llm.llm_engine.speculator.policy.step_costs if llm.llm_engine.speculator else None
+    note = f" (a step verifying 1 / {k} drafts costs {costs[1]:.2f} / {costs[-1]:.2f} plain steps)" if costs else ""
+    print(f"  engine {label}: ready in {time.perf_counter() - start:.1f} s{note}")
     return Engine(label, method, k, llm)
 
 
-def run_prompt(llm: LLM, prompt: BenchPrompt, params: SamplingParams) -> tuple[list[int], float]:
-    """Output token ids and wall seconds of one request."""
+def run_prompt(llm: LLM, prompt: BenchPrompt, params: SamplingParams) -> tuple[list[int], float, float]:
+    """Output token ids, wall seconds of one request, and seconds after its first token."""
     start = time.perf_counter()
     if prompt.messages is not None:
         out = llm.chat(prompt.messages, params, use_tqdm=False)[0]
     else:
         out = llm.generate(prompt.prompt, params, use_tqdm=False)[0]
-    return list(out.outputs[0].token_ids), time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return list(out.outputs[0].token_ids), seconds, out.metrics.finished_time - out.metrics.first_token_time
 
 
 def spec_counters(engine: Engine) -> dict | None:
@@ -124,12 +136,12 @@ def bench_workload(engines: list[Engine], prompts: list[BenchPrompt], args) -> d
         shift = index % len(engines)
         order = engines[shift:] + engines[:shift]
         outputs: dict[str, list[int]] = {}
-        times: dict[str, list[float]] = {e.label: [] for e in engines}
+        times: dict[str, list[tuple[float, float]]] = {e.label: [] for e in engines}
         for repeat in range(args.repeats):
             for engine in order:
                 before = spec_counters(engine) if repeat == 0 else None
-                token_ids, seconds = run_prompt(engine.llm, prompt, params)
-                times[engine.label].append(seconds)
+                token_ids, seconds, decode_seconds = run_prompt(engine.llm, prompt, params)
+                times[engine.label].append((seconds, decode_seconds))
                 if repeat == 0:
                     outputs[engine.label] = token_ids
                     after = spec_counters(engine)
@@ -138,7 +150,9 @@ def bench_workload(engines: list[Engine], prompts: list[BenchPrompt], args) -> d
         for engine in engines:
             tally = tallies[engine.label]
             tally.num_tokens += len(outputs[engine.label])
-            tally.seconds += statistics.median(times[engine.label])
+            tally.num_requests += 1
+            tally.seconds += statistics.median(t for t, _ in times[engine.label])
+            tally.decode_seconds += statistics.median(d for _, d in times[engine.label])
             if "none" in outputs and engine.method != "none":
                 tally.num_compared += 1
                 tally.num_matched += outputs[engine.label] == outputs["none"]
@@ -148,32 +162,37 @@ def bench_workload(engines: list[Engine], prompts: list[BenchPrompt], args) -> d
 # ---- reporting ----------------------------------------------------------------------------
 
 
-def speedup(tally: Tally, tallies: dict[str, Tally]) -> str:
+def speedup(tally: Tally, tallies: dict[str, Tally], decode: bool = False) -> str:
     base = tallies.get("none")
+    if decode:
+        ok = base and base.decode_tokens_per_s
+        return f"{tally.decode_tokens_per_s / base.decode_tokens_per_s:.2f}x" if ok else "-"
     return f"{tally.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s else "-"
 
 
 def print_method_table(workload: str, num_prompts: int, engines: list[Engine], tallies: dict[str, Tally]) -> None:
     print(f"\n{workload}: {num_prompts} prompts")
-    print(f"{'method':<8} {'K':>3} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'mean len':>8} {'match':>6}  "
-          "per-position acceptance")
+    print(f"{'method':<8} {'K':>3} {'tokens/s':>9} {'speedup':>8} {'decode/s':>9} {'speedup':>8} {'accept':>7} "
+          f"{'mean len':>8} {'match':>6}  per-position acceptance")
     for engine in engines:
         tally = tallies[engine.label]
         rate, mean_len, per_pos = tally.acceptance()
         k = engine.num_speculative_tokens or "-"
-        print(f"{engine.label:<8} {k:>3} {tally.tokens_per_s:>9.1f} {speedup(tally, tallies):>8} {rate:>7} "
+        print(f"{engine.label:<8} {k:>3} {tally.tokens_per_s:>9.1f} {speedup(tally, tallies):>8} "
+              f"{tally.decode_tokens_per_s:>9.1f} {speedup(tally, tallies, True):>8} {rate:>7} "
               f"{mean_len:>8} {tally.match():>6}  {per_pos}")
 
 
 def print_sweep_table(workload: str, engines: list[Engine], tallies: dict[str, Tally]) -> None:
     print(f"\nngram num_speculative_tokens sweep on {workload}")
-    print(f"{'K':>4} {'tokens/s':>9} {'speedup':>8} {'accept':>7} {'mean len':>8} {'match':>6}")
+    print(f"{'K':>4} {'tokens/s':>9} {'speedup':>8} {'decode/s':>9} {'speedup':>8} {'accept':>7} {'mean len':>8} "
+          f"{'match':>6}")
     for engine in engines:
         tally = tallies[engine.label]
         rate, mean_len, _ = tally.acceptance()
         k = engine.num_speculative_tokens or "none"
-        print(f"{k:>4} {tally.tokens_per_s:>9.1f} {speedup(tally, tallies):>8} {rate:>7} {mean_len:>8} "
-              f"{tally.match():>6}")
+        print(f"{k:>4} {tally.tokens_per_s:>9.1f} {speedup(tally, tallies):>8} {tally.decode_tokens_per_s:>9.1f} "
+              f"{speedup(tally, tallies, True):>8} {rate:>7} {mean_len:>8} {tally.match():>6}")
 
 
 def print_load(when: str) -> None:

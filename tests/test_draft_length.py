@@ -6,25 +6,38 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.draft_length import DraftLengthPolicy, best_num_drafts, measure_row_cost
+from draftwise.engine.draft_length import (
+    DraftLengthPolicy,
+    best_num_drafts,
+    linear_step_costs,
+    measure_step_costs,
+)
 from draftwise.engine.sequence import Sequence
 from draftwise.sampling_params import SamplingParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 
 
+def _linear(c: float, k: int = 10) -> list[float]:
+    return linear_step_costs(c, k)
+
+
 def test_best_num_drafts_follows_the_cost_model():
-    assert best_num_drafts(0.9, 0.0, 7) == 7  # free rows: always the longest draft
-    assert best_num_drafts(0.05, 0.1, 7) == 0  # a draft that is almost never accepted costs a step share
-    assert best_num_drafts(0.99, 0.01, 10) == 10
-    lengths = [best_num_drafts(a / 10, 0.08, 10) for a in range(10)]
+    assert best_num_drafts(0.9, _linear(0.0, 7), 7) == 7  # free rows: always the longest draft
+    assert best_num_drafts(0.05, _linear(0.1), 7) == 0  # drafts almost never accepted cost a step share
+    assert best_num_drafts(0.99, _linear(0.01), 10) == 10
+    assert best_num_drafts(0.99, _linear(0.01), 4) == 4  # never past the limit
+    lengths = [best_num_drafts(a / 10, _linear(0.08), 10) for a in range(10)]
     assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] > 3
     # (1 + a) / (1 + c) > 1 exactly when a > c: the first draft pays iff its acceptance beats its cost
-    assert best_num_drafts(0.21, 0.2, 1) == 1 and best_num_drafts(0.19, 0.2, 1) == 0
+    assert best_num_drafts(0.21, _linear(0.2), 1) == 1 and best_num_drafts(0.19, _linear(0.2), 1) == 0
+    # a costly first row and cheap further ones (fp32 on AVX2): one draft does not pay, five do
+    jump = [1.0] + [1.45 + 0.03 * (k - 1) for k in range(1, 11)]
+    assert best_num_drafts(0.38, jump, 1) == 0 and best_num_drafts(0.38, jump, 10) >= 3
 
 
 def test_policy_learns_from_verified_drafts_and_probes_again():
-    policy = DraftLengthPolicy(0.15)
+    policy = DraftLengthPolicy(_linear(0.15, 8))
     seq = Sequence("r", 0, [1, 2, 3], SamplingParams(), 0, 0.0)
     start = policy.limit(seq, 8)
     assert 0 < start < 8  # the prior (0.5) is worth a short draft
@@ -40,7 +53,7 @@ def test_policy_learns_from_verified_drafts_and_probes_again():
 
 def _run(tiny_model_dir, row_cost: float, prompts, params):
     llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=NGRAM)
-    llm.llm_engine.speculator.policy = DraftLengthPolicy(row_cost)
+    llm.llm_engine.speculator.policy = DraftLengthPolicy(_linear(row_cost, NGRAM["num_speculative_tokens"]))
     outs = llm.generate(prompts, params, use_tqdm=False)
     return [o.outputs[0].token_ids for o in outs], llm.get_metrics()
 
@@ -55,17 +68,17 @@ def test_cut_drafts_change_nothing_but_the_draft_count(tiny_model_dir, tiny_llm)
     assert costly_metrics["spec_decode_num_draft_tokens"] < free_metrics["spec_decode_num_draft_tokens"]
 
 
-def test_measured_row_cost_is_sane_and_frees_its_blocks(tiny_llm):
+def test_measured_step_costs_are_sane_and_free_their_blocks(tiny_llm):
     engine = tiny_llm.llm_engine
-    cost = measure_row_cost(engine.runner, engine.block_manager, num_rows=5, context_len=32)
-    assert 0.0 <= cost < 50.0
+    costs = measure_step_costs(engine.runner, engine.block_manager, max_num_drafts=4, context_len=32)
+    assert len(costs) == 5 and costs[0] == 1.0 and all(0.0 < c < 50.0 for c in costs)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
 def test_row_cost_env_override(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0.25")
     llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=NGRAM)
-    assert llm.llm_engine.speculator.policy.row_cost == 0.25
+    assert llm.llm_engine.speculator.policy.step_costs == [1.0, 1.25, 1.5, 1.75, 2.0]
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "cheap")
     with pytest.raises(ValueError, match="DRAFTWISE_VERIFY_ROW_COST='cheap'.*number >= 0"):
         LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=NGRAM)

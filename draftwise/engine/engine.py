@@ -79,8 +79,9 @@ class LLMEngine:
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
         if config.speculative:
-            logger.info("draftwise: speculative decoding %s; a verify row costs %.3f of a decode step",
-                        config.speculative.to_dict(), self.speculator.policy.row_cost)
+            costs = self.speculator.policy.step_costs
+            logger.info("draftwise: speculative decoding %s; a step verifying 1 / %d drafts costs %.2f / %.2f "
+                        "plain steps", config.speculative.to_dict(), len(costs) - 1, costs[1], costs[-1])
 
     def _make_speculator(self, model) -> Speculator:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,

@@ -21,7 +21,7 @@ from ..spec.config import SpeculativeConfig
 from ..spec.interface import ProposeBatch, ProposerNeeds, TargetInfo
 from ..spec.metrics import SpecDecodingLogger, SpecDecodingStats
 from .block_manager import BlockManager
-from .draft_length import DraftLengthPolicy, measure_row_cost
+from .draft_length import DraftLengthPolicy, linear_step_costs, measure_step_costs
 from .model_runner import ModelRunner, StepResult
 from .sequence import Sequence
 
@@ -37,7 +37,7 @@ class Speculator:
         self.stats = SpecDecodingStats(self.num_spec_tokens)
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
-        self.policy = DraftLengthPolicy(0.0)
+        self.policy = DraftLengthPolicy([1.0] * (self.num_spec_tokens + 1))
 
     @property
     def needs(self) -> ProposerNeeds:
@@ -51,17 +51,18 @@ class Speculator:
         self.proposer.bind_kv_pool(block_manager.num_blocks)
 
     def calibrate(self, runner: ModelRunner) -> None:
-        """Measure what a verify row costs, which sets how long drafts are worth making.
+        """Measure what verifying drafts costs, which sets how long drafts are worth making.
 
-        ``DRAFTWISE_VERIFY_ROW_COST`` (a number >= 0) skips the measurement; 0 never cuts drafts.
+        ``DRAFTWISE_VERIFY_ROW_COST`` (a number >= 0: each verify row costs that share of a
+        one-row step) skips the measurement; 0 never cuts drafts.
         """
         fixed = os.environ.get(ROW_COST_ENV)
         if fixed is not None:
-            self.policy = DraftLengthPolicy(_row_cost_from_env(fixed))
-            return
-        num_rows = self.num_spec_tokens + 1
-        context_len = min(128, self.max_model_len - num_rows)
-        self.policy = DraftLengthPolicy(measure_row_cost(runner, self.block_manager, num_rows, context_len))
+            costs = linear_step_costs(_row_cost_from_env(fixed), self.num_spec_tokens)
+        else:
+            context_len = min(128, self.max_model_len - self.num_spec_tokens - 1)
+            costs = measure_step_costs(runner, self.block_manager, self.num_spec_tokens, context_len)
+        self.policy = DraftLengthPolicy(costs)
 
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
