@@ -7,15 +7,15 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.spec.suffix_tree import SuffixTree
+from draftwise.spec.suffix_tree import CHILDREN, COUNT, SuffixTree
 
 
 def _paths(tree: SuffixTree) -> dict[tuple[int, ...], int]:
     out, stack = {}, [((), tree.root)]
     while stack:
         path, node = stack.pop()
-        for token, child in node.children.items():
-            out[path + (token,)] = child.count
+        for token, child in node[CHILDREN].items():
+            out[path + (token,)] = child[COUNT]
             stack.append((path + (token,), child))
     return out
 
@@ -65,10 +65,10 @@ def test_counts_match_brute_force_under_incremental_extend_and_remove(depth):
         tree.remove(key)
         del seqs[key]
     assert _paths(tree) == _brute_counts(list(seqs.values()), depth)
-    assert tree.root.count == sum(len(s) for s in seqs.values())
+    assert tree.root[COUNT] == sum(len(s) for s in seqs.values())
     for key in list(seqs):
         tree.remove(key)
-    assert tree.root.children == {} and tree.root.count == 0 and len(tree) == 0
+    assert tree.root[CHILDREN] == {} and tree.root[COUNT] == 0 and len(tree) == 0
 
 
 def test_speculate_scores_match_brute_force():
