@@ -82,3 +82,12 @@ def test_row_cost_env_override(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "cheap")
     with pytest.raises(ValueError, match="DRAFTWISE_VERIFY_ROW_COST='cheap'.*number >= 0"):
         LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=NGRAM)
+
+
+def test_confident_prefix_is_kept_and_doubtful_tail_cut():
+    jump = [1.0] + [1.45 + 0.03 * (k - 1) for k in range(1, 9)]
+    policy = DraftLengthPolicy(jump)
+    assert policy.cut(6, [0.95, 0.9, 0.9, 0.85, 0.04, 0.01]) == 4  # the tail does not pay its rows
+    assert policy.cut(3, [0.3, 0.1, 0.05]) == 0  # a doubtful draft is dropped
+    assert DraftLengthPolicy(_linear(0.0, 8)).cut(3, [0.3, 0.1, 0.05]) == 3  # free rows: keep all
+    assert policy.cut(0, []) == 0

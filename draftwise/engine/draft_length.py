@@ -50,6 +50,18 @@ def best_num_drafts(alpha: float, step_costs: list[float], limit: int) -> int:
     return best_k
 
 
+def best_prefix(confidence: list[float], step_costs: list[float]) -> int:
+    """The draft length with the most expected tokens per unit of step time, given the
+    proposer's own estimate ``confidence[i]`` that the first i + 1 drafts are all accepted."""
+    best_k, best_rate, expected = 0, 1.0, 1.0
+    for k, prob in enumerate(confidence[:len(step_costs) - 1], start=1):
+        expected += prob
+        rate = expected / step_costs[k]
+        if rate > best_rate:
+            best_k, best_rate = k, rate
+    return best_k
+
+
 def linear_step_costs(row_cost: float, max_num_drafts: int) -> list[float]:
     """Step costs when every verify row adds ``row_cost`` of a one-row step."""
     return [1.0 + row_cost * k for k in range(max_num_drafts + 1)]
@@ -59,6 +71,12 @@ class DraftLengthPolicy:
     def __init__(self, step_costs: list[float]):
         self.step_costs = step_costs  # [K + 1]; step_costs[0] == 1
         self.free = all(c <= 1.0 for c in step_costs)
+
+    def cut(self, num_drafts: int, confidence: list[float]) -> int:
+        """Cut a proposed draft to the prefix worth verifying by the proposer's own confidence."""
+        if self.free or num_drafts == 0:
+            return num_drafts
+        return min(num_drafts, best_prefix(confidence, self.step_costs))
 
     def limit(self, seq: Sequence, max_num_drafts: int) -> int:
         """Cut ``max_num_drafts`` to the length worth verifying for ``seq``."""

@@ -94,6 +94,8 @@ class Speculator:
         token_rows = drafts.token_ids.tolist()
         for i, seq in enumerate(seqs):
             num = min(drafts.num_draft_tokens[i], limits[i])
+            if drafts.confidence is not None:
+                num = self.policy.cut(num, drafts.confidence[i])
             seq.spec_token_ids = token_rows[i][:num]
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
 

@@ -82,15 +82,19 @@ class DraftBatch:
     num_draft_tokens: list[int]
     probs: torch.Tensor | None = None  # [num_seqs, max_num_drafts, vocab] draft distribution, or
     # None: the drafts are one-hot (greedy drafters, ngram, suffix)
+    # Optional per sequence: the proposer's estimate that its first i + 1 drafts are all accepted
+    # (non-increasing); the engine cuts drafts whose expected gain does not pay for their rows.
+    confidence: list[list[float]] | None = None
 
     @classmethod
-    def from_lists(cls, drafts: list[list[int]], probs: torch.Tensor | None = None) -> "DraftBatch":
+    def from_lists(cls, drafts: list[list[int]], probs: torch.Tensor | None = None,
+                   confidence: list[list[float]] | None = None) -> "DraftBatch":
         width = max((len(d) for d in drafts), default=0)
         ids = torch.full((len(drafts), width), -1, dtype=torch.int64)
         for i, draft in enumerate(drafts):
             if draft:
                 ids[i, :len(draft)] = torch.tensor(draft, dtype=torch.int64)
-        return cls(ids, [len(d) for d in drafts], probs)
+        return cls(ids, [len(d) for d in drafts], probs, confidence)
 
 
 class Proposer(ABC):

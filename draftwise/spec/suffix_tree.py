@@ -51,9 +51,10 @@ class SuffixDraft:
     token_ids: list[int]
     score: float  # sum of the path probabilities of the drafted tokens
     match_len: int  # how many trailing context tokens the draft was matched on
+    probs: list[float] = ()  # path probability after each drafted token (non-increasing)
 
 
-EMPTY_DRAFT = SuffixDraft([], 0.0, 0)
+EMPTY_DRAFT = SuffixDraft([], 0.0, 0, [])
 
 
 class SuffixTree:
@@ -114,9 +115,10 @@ class SuffixTree:
             budget = min(max_spec_tokens, int(match_len * max_spec_factor))
             if budget <= 0:
                 continue
-            token_ids, score = _greedy_path(node, budget, min_token_prob)
+            token_ids, probs = _greedy_path(node, budget, min_token_prob)
+            score = sum(probs)
             if token_ids and score >= best.score:
-                best = SuffixDraft(token_ids, score, match_len)
+                best = SuffixDraft(token_ids, score, match_len, probs)
         return best
 
     def _find(self, context: list[int], match_len: int) -> list | None:
@@ -157,18 +159,19 @@ def _no_gc():
             gc.enable()
 
 
-def _greedy_path(node: list, budget: int, min_token_prob: float) -> tuple[list[int], float]:
+def _greedy_path(node: list, budget: int, min_token_prob: float) -> tuple[list[int], list[float]]:
     token_ids: list[int] = []
-    prob, score = 1.0, 0.0
+    probs: list[float] = []
+    prob = 1.0
     while len(token_ids) < budget and node[CHILDREN]:
         token, child = max(node[CHILDREN].items(), key=_by_count)
         prob *= child[COUNT] / node[COUNT]
         if prob < min_token_prob:
             break
         token_ids.append(token)
-        score += prob
+        probs.append(prob)
         node = child
-    return token_ids, score
+    return token_ids, probs
 
 
 def _by_count(item: tuple[int, list]) -> int:

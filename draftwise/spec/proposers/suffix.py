@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..interface import DraftBatch, ProposeBatch, Proposer, register
-from ..suffix_tree import SuffixTree
+from ..suffix_tree import EMPTY_DRAFT, SuffixDraft, SuffixTree
 from ..validate import check_float, check_int
 
 
@@ -58,17 +58,16 @@ class SuffixProposer(Proposer):
 
     def propose(self, batch: ProposeBatch) -> DraftBatch:
         depth = self.options.suffix_decoding_max_tree_depth
-        drafts = []
+        drafts, confidence = [], []
         for seq, limit in zip(batch.seqs, batch.max_num_drafts):
-            if limit <= 0:
-                drafts.append([])
-                continue
-            local = self._sync(seq)
-            context = seq.all_token_ids[-depth:]
-            drafts.append(self._best(local, context, limit)[:limit])
-        return DraftBatch.from_lists(drafts)
+            draft = EMPTY_DRAFT
+            if limit > 0:
+                draft = self._best(self._sync(seq), seq.all_token_ids[-depth:], limit)
+            drafts.append(draft.token_ids[:limit])
+            confidence.append(list(draft.probs[:limit]))
+        return DraftBatch.from_lists(drafts, confidence=confidence)
 
-    def _best(self, local: SuffixTree, context: list[int], limit: int) -> list[int]:
+    def _best(self, local: SuffixTree, context: list[int], limit: int) -> SuffixDraft:
         opts = self.options
         args = (limit, opts.suffix_decoding_max_spec_factor, opts.suffix_decoding_min_token_prob)
         draft = local.speculate(context, *args)
@@ -76,7 +75,7 @@ class SuffixProposer(Proposer):
             other = self._global.speculate(context, *args)
             if other.score > draft.score:
                 draft = other
-        return draft.token_ids
+        return draft
 
     def _sync(self, seq) -> SuffixTree:
         """Add the tokens appended since the last step to the sequence's trees."""
