@@ -23,7 +23,9 @@ The choice only changes speed: verification is lossless whatever the length.
 """
 from __future__ import annotations
 
+import operator
 import time
+from itertools import accumulate
 
 import torch
 
@@ -38,21 +40,15 @@ WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed a
 
 
 def best_num_drafts(alpha: float, step_costs: list[float], limit: int) -> int:
-    """The draft length with the most expected tokens per unit of step time."""
-    best_k, best_rate = 0, 1.0
-    expected, power = 1.0, 1.0
-    for k in range(1, min(limit, len(step_costs) - 1) + 1):
-        power *= alpha
-        expected += power
-        rate = expected / step_costs[k]
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
+    """The draft length with the most expected tokens per unit of step time, when each draft
+    is accepted with probability ``alpha`` given the ones before it were."""
+    num = min(limit, len(step_costs) - 1)
+    return best_prefix(list(accumulate([alpha] * num, operator.mul)), step_costs)
 
 
 def best_prefix(confidence: list[float], step_costs: list[float]) -> int:
     """The draft length with the most expected tokens per unit of step time, given the
-    proposer's own estimate ``confidence[i]`` that the first i + 1 drafts are all accepted."""
+    estimate ``confidence[i]`` that the first i + 1 drafts are all accepted."""
     best_k, best_rate, expected = 0, 1.0, 1.0
     for k, prob in enumerate(confidence[:len(step_costs) - 1], start=1):
         expected += prob
