@@ -51,7 +51,7 @@ class SuffixDraft:
     token_ids: list[int]
     score: float  # sum of the path probabilities of the drafted tokens
     match_len: int  # how many trailing context tokens the draft was matched on
-    probs: list[float] = ()  # path probability after each drafted token (non-increasing)
+    probs: list[float]  # path probability after each drafted token (non-increasing)
 
 
 EMPTY_DRAFT = SuffixDraft([], 0.0, 0, [])

@@ -12,9 +12,10 @@ are matched in both trees; each gives its best-scored greedy path (length at
 most ``floor(match_len * suffix_decoding_max_spec_factor)``, cut where the
 path probability drops below ``suffix_decoding_min_token_prob``). The higher
 score wins, local on ties. Trees are updated lazily with the tokens appended
-since the sequence's last draft. A preempted sequence keeps its trees (its
-tokens do not change); finished and aborted ones release the local tree and
-move their output to the global cache.
+since the sequence's last draft. Finished and aborted sequences release their
+local tree and move their output to the global cache; a preempted one drops
+both and is re-added from its tokens when it runs again. Each draft carries
+its path probabilities (``DraftBatch.confidence``).
 """
 from __future__ import annotations
 
