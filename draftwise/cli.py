@@ -1,7 +1,10 @@
-"""The ``draftwise`` command line. Subcommands: ``generate``.
+"""The ``draftwise`` command line. Subcommands: ``generate``, ``serve``.
 
 ``draftwise generate --model M --prompt "..." [--max-tokens N --temperature T ...]``
 prints the generated text, then a line with the token count and speed.
+``draftwise serve [MODEL] [--host H --port P -sc JSON ...]`` runs the
+OpenAI-compatible server (see ``draftwise.server``).
+Bad values exit with status 2 and one line saying what is wrong.
 """
 from __future__ import annotations
 
@@ -17,8 +20,32 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative-config", "-sc", default=None, help="JSON speculative config")
+    parser.add_argument("--additional-config", default=None, help="JSON additional config")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """``LLM``/``EngineConfig`` keyword arguments from the engine flags (JSON flags parsed)."""
+    return dict(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                kv_cache_memory_bytes=args.kv_cache_memory_bytes, tensor_parallel_size=args.tensor_parallel_size,
+                speculative_config=_json_flag("--speculative-config", args.speculative_config),
+                additional_config=_json_flag("--additional-config", args.additional_config))
+
+
+def _json_flag(flag: str, value: str | None):
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not valid JSON ({exc}): {value!r}") from None
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -39,15 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(gen)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="same as --model")
+    _add_engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="name(s) clients use in 'model' (default: the model argument)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from . import LLM, SamplingParams
 
-    spec = json.loads(args.speculative_config) if args.speculative_config else None
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-              max_model_len=args.max_model_len, speculative_config=spec)
+    llm = LLM(**engine_kwargs(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed,
                             ignore_eos=args.ignore_eos)
@@ -65,10 +99,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.launch import run_server
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+        args.model = args.model_tag
+    return run_server(args, engine_kwargs(args))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate}[args.command](args)
+        return {"generate": cmd_generate, "serve": cmd_serve}[args.command](args)
     except ValueError as exc:  # bad user input: one clear line, no traceback
         print(f"draftwise: error: {exc}", file=sys.stderr)
         return 2

@@ -258,3 +258,60 @@ def small_vocab_pair(tmp_path_factory):
         _save_random_llama(out_dir, hf_tok, seed=seed, vocab_size=len(vocab), init_range=0.5)
         dirs.append(out_dir)
     return tuple(dirs)
+
+
+# ---------------------------------------------------------------------- HTTP server
+API_KEY = "test-key"
+SERVED_NAME = "tiny"
+# ngram with 1-token matches drafts often, even on the random tiny model.
+SERVER_SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def api_server(tiny_model_dir, tmp_path_factory):
+    """A real ``draftwise serve`` process on 127.0.0.1 (tiny model, fp32, ngram, API key).
+    Yields its base URL; stopped at the end of the session."""
+    import json
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", str(tiny_model_dir), "--port", str(port),
+           "--dtype", "float32", "-sc", json.dumps(SERVER_SPEC), "--api-key", API_KEY,
+           "--served-model-name", SERVED_NAME, "--max-num-seqs", "64", "--log-level", "warning"]
+    env = {**os.environ, "DRAFTWISE_VERIFY_ROW_COST": "0"}
+    log_path = tmp_path_factory.mktemp("server") / "serve.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"draftwise serve exited with {proc.returncode}: {log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("draftwise serve did not become healthy in 120 s")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()

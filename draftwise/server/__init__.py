@@ -1,0 +1,8 @@
+"""The OpenAI-compatible HTTP server behind ``draftwise serve``.
+
+``async_engine`` runs one ``LLMEngine`` loop on its own thread for every
+connection; ``protocol`` holds the request/response models and OpenAI's error
+format; ``serving_completions`` / ``serving_chat`` turn requests into engine
+requests and engine outputs into responses or SSE chunks; ``metrics`` is the
+Prometheus registry and the periodic log line; ``app`` wires the routes.
+"""

@@ -1,0 +1,170 @@
+"""AsyncEngine: one engine loop on a background thread, shared by every connection.
+
+The ``LLMEngine`` is owned by a single thread. Handlers running on the
+asyncio event loop never touch it: they post commands (add, abort) to a
+thread-safe queue, and the loop thread applies them between steps, so all
+requests in flight are batched together in every step (continuous batching,
+speculation included). Each step's ``RequestOutput``s (cumulative snapshots:
+full text and token ids so far) are handed to the owning request's
+``asyncio.Queue`` with ``call_soon_threadsafe``.
+
+Contract of ``add_request``: it raises ``ValueError`` for a request the
+engine rejects (nothing was queued), else returns a ``RequestHandle`` whose
+``outputs()`` yields snapshots until the finished one. If the consumer stops
+early (client disconnect, cancellation), the request is aborted and its KV
+blocks are freed on the next loop iteration. If a step
+fails, every request in that step fails with the error and is aborted; the
+loop keeps serving new requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from ..engine.engine import LLMEngine
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+
+logger = logging.getLogger("draftwise")
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # RequestOutput snapshots, or an Exception that ends the request
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics=None):
+        self.engine = engine
+        self.engine.detokenize_unfinished = True  # streaming needs the text of every step
+        self.metrics = metrics  # ServerMetrics or None; called on the loop thread only
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="draftwise-engine", daemon=True)
+
+    # ------------------------------------------------------------------ event loop side
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestHandle":
+        """Queue a request; raises the engine's ``ValueError`` for a bad one (nothing is queued)."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        added: concurrent.futures.Future = concurrent.futures.Future()
+        self._post(("add", request_id, prompt, params, stream, added))
+        await asyncio.wrap_future(added)
+        return RequestHandle(self, request_id, stream)
+
+    def abort(self, request_id: str) -> None:
+        if not self._stopped:
+            self._post(("abort", request_id))
+
+    def _post(self, command: tuple) -> None:
+        if self._stopped:
+            raise RuntimeError("the engine is shutting down")
+        self._commands.put(command)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ engine thread side
+    def _run(self) -> None:
+        while not self._stopped:
+            self._apply_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                if self.metrics:
+                    self.metrics.record_idle(self.engine)
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # a failed step fails its requests, not the server
+                logger.exception("draftwise: engine step failed; failing the requests in flight")
+                self._fail_all(exc)
+                continue
+            if self.metrics:
+                self.metrics.record_step(self.engine, outputs, time.time())
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    stream.put(out)
+                    if out.finished:
+                        del self._streams[out.request_id]
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                self._add(*command[1:])
+            else:
+                self._abort(command[1])
+
+    def _add(self, request_id, prompt, params, stream: _Stream, added: concurrent.futures.Future) -> None:
+        try:
+            self.engine.add_request(request_id, prompt, params)
+        except Exception as exc:  # ValueError: bad request; anything else: the handler answers 500
+            added.set_exception(exc)
+            return
+        self._streams[request_id] = stream
+        if self.metrics:
+            self.metrics.record_arrival(request_id, time.time())
+        added.set_result(None)
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.engine.abort_request(request_id)
+            if self.metrics:
+                self.metrics.record_abort(request_id)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id, stream in list(self._streams.items()):
+            stream.put(RuntimeError(f"engine step failed: {exc}"))
+            self._abort(request_id)
+
+
+class RequestHandle:
+    """One queued request: iterate ``outputs()`` for its snapshots; ``abort()`` if you stop early."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream):
+        self.engine = engine
+        self.request_id = request_id
+        self._stream = stream
+        self.finished = False
+
+    async def outputs(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._stream.queue.get()
+                while not isinstance(item, BaseException) and not self._stream.queue.empty():
+                    item = self._stream.queue.get_nowait()  # snapshots are cumulative: the latest is enough
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Abort unless finished (idempotent): frees the request's KV blocks on the next loop turn."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)

@@ -1,0 +1,33 @@
+"""``draftwise serve``: build the engine (every bad flag fails here, before the port is bound), then run uvicorn."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+import uvicorn
+from transformers import AutoTokenizer
+
+from ..config import EngineConfig
+from ..engine.engine import LLMEngine
+from ..models.loader import SMOLLM2_NAME
+from .app import build_app
+from .async_engine import AsyncEngine
+from .metrics import ServerMetrics
+
+logger = logging.getLogger("draftwise")
+
+
+def run_server(args: argparse.Namespace, engine_kwargs: dict) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(message)s")
+    config = EngineConfig.from_kwargs(**engine_kwargs)
+    engine = LLMEngine(config)
+    names = args.served_model_name or [args.model or SMOLLM2_NAME]
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model_path)
+    metrics = ServerMetrics(names[0])
+    app = build_app(AsyncEngine(engine, metrics), names, tokenizer, api_key=args.api_key, metrics=metrics)
+    spec = config.speculative.to_dict() if config.speculative else None
+    logger.info("draftwise: serving %s as %s on http://%s:%d (speculative config: %s)",
+                config.model_path, names, args.host, args.port, spec)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,177 @@
+"""What the completion and chat endpoints share.
+
+``OpenAIServing`` checks the model name and unsupported fields, builds
+``SamplingParams`` from a request, queues engine requests (all or nothing),
+and renders usage and per-request speculative figures. ``TextDelta`` turns
+the engine's cumulative snapshots into stream deltas: text still able to
+become part of a stop string, or ending in an incomplete UTF-8 character, is
+held back until the next snapshot decides it.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from pydantic import BaseModel
+
+from ..outputs import CompletionOutput, RequestOutput
+from ..sampling_params import SamplingParams
+from .async_engine import AsyncEngine, RequestHandle
+from .errors import APIError
+from .protocol import SpecDecodeInfo, UsageInfo, _SamplingRequest
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncEngine, served_model_names: list[str], tokenizer):
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.tokenizer = tokenizer  # the event loop's own copy: the engine thread uses another
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_request(self, request: _SamplingRequest) -> None:
+        if request.model is not None and request.model not in self.served_model_names:
+            raise APIError(404, f"The model `{request.model}` does not exist; this server serves "
+                           f"{self.served_model_names}", param="model", code="model_not_found")
+        unsupported = request.unsupported_fields()
+        if unsupported:
+            raise APIError(400, f"unsupported value for {unsupported[0]!r}: draftwise does not implement it",
+                           param=unsupported[0])
+
+    @staticmethod
+    def sampling_params(request: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        def given(value, default):
+            return default if value is None else value
+
+        try:
+            return SamplingParams(
+                n=request.n, temperature=given(request.temperature, 1.0), top_p=given(request.top_p, 1.0),
+                top_k=given(request.top_k, 0), min_p=given(request.min_p, 0.0), seed=request.seed,
+                max_tokens=max_tokens, min_tokens=request.min_tokens, stop=request.stop or None,
+                stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
+                presence_penalty=given(request.presence_penalty, 0.0),
+                frequency_penalty=given(request.frequency_penalty, 0.0),
+                repetition_penalty=given(request.repetition_penalty, 1.0), logprobs=logprobs,
+                skip_special_tokens=request.skip_special_tokens,
+                include_stop_str_in_output=request.include_stop_str_in_output)
+        except ValueError as exc:
+            raise APIError.from_value_error(exc) from None
+
+    async def add_requests(self, request_id: str, prompts: list, params: SamplingParams,
+                           prompt_param: str) -> list[RequestHandle]:
+        """Queue one engine request per prompt; if one is rejected, abort the others (400)."""
+        handles: list[RequestHandle] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                handles.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params))
+        except BaseException as exc:
+            for handle in handles:
+                handle.abort()
+            if isinstance(exc, ValueError):
+                raise APIError.from_value_error(exc, prompt_param) from None
+            raise
+        return handles
+
+    @staticmethod
+    async def final_outputs(handles: list[RequestHandle], is_disconnected) -> list[RequestOutput] | None:
+        """Wait for every request to finish; None (all aborted) if the client went away."""
+        finals: list[RequestOutput | None] = [None] * len(handles)
+        try:
+            async for i, out in merge_outputs(handles):
+                finals[i] = out
+                if await is_disconnected():
+                    return None
+        finally:
+            for handle in handles:
+                handle.abort()
+        return finals
+
+    @staticmethod
+    def usage(outputs: list[RequestOutput]) -> UsageInfo:
+        prompt = sum(len(o.prompt_token_ids) for o in outputs)
+        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    @staticmethod
+    def spec_info(outputs: list[RequestOutput]) -> SpecDecodeInfo | None:
+        metrics = [o.metrics for o in outputs if o.metrics is not None]
+        drafts = sum(m.spec_num_drafts for m in metrics)
+        if not drafts:
+            return None
+        draft_tokens = sum(m.spec_num_draft_tokens for m in metrics)
+        accepted = sum(m.spec_num_accepted_tokens for m in metrics)
+        return SpecDecodeInfo(num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
+                              acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
+                              mean_acceptance_length=1.0 + accepted / drafts)
+
+
+async def merge_outputs(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Snapshots of several requests as they come: ``(index of the handle, snapshot)``."""
+    if len(handles) == 1:
+        async for out in handles[0].outputs():
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        try:
+            async for out in handle.outputs():
+                queue.put_nowait((i, out))
+        except Exception as exc:
+            queue.put_nowait((i, exc))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class TextDelta:
+    """Streaming state of one choice: how much text and how many tokens were sent."""
+
+    def __init__(self, params: SamplingParams):
+        self.holdback = max((len(s) for s in params.stop_strings), default=1) - 1
+        self.num_chars = 0
+        self.num_tokens = 0
+        self.text_offset = 0  # completions logprobs: where the next token's text starts
+
+    def next(self, completion: CompletionOutput) -> tuple[str, slice]:
+        """New text safe to send, and the slice of new token ids (and logprobs) since the last call."""
+        text = completion.text
+        end = len(text)
+        if completion.finish_reason is None:
+            end -= self.holdback
+            while end > self.num_chars and text[end - 1] == "\ufffd":
+                end -= 1
+        delta = text[self.num_chars:end] if end > self.num_chars else ""
+        self.num_chars += len(delta)
+        tokens = slice(self.num_tokens, len(completion.token_ids))
+        self.num_tokens = len(completion.token_ids)
+        return delta, tokens
+
+
+def sse(payload: BaseModel | dict) -> str:
+    """One server-sent event carrying ``payload`` as JSON (empty ``usage``/``spec_decode`` and
+    unset delta fields left out, as OpenAI's chunks do)."""
+    data = payload.model_dump() if isinstance(payload, BaseModel) else payload
+    for key in ("usage", "spec_decode"):
+        if key in data and data[key] is None:
+            del data[key]
+    for choice in data.get("choices", ()):
+        if "delta" in choice:
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    return f"data: {json.dumps(data)}\n\n"

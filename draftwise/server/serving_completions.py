@@ -1,0 +1,113 @@
+"""``POST /v1/completions``: one engine request per prompt, ``n`` choices each.
+
+``prompt`` may be a string, a list of strings, a list of token ids, or a
+list of token-id lists; choice ``index`` is ``prompt_index * n + i``. A string
+prompt is tokenized by the engine exactly as ``LLM.generate`` does, so greedy
+output over HTTP equals the offline API's. ``echo`` prepends the prompt
+text; ``logprobs=k`` returns the sampled token's logprob and the top k.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from ..outputs import CompletionOutput, RequestOutput
+from .errors import APIError
+from .protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
+from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse
+
+
+class CompletionServing(OpenAIServing):
+    async def create(self, request: CompletionRequest, is_disconnected):
+        self.check_request(request)
+        prompts = _engine_prompts(request.prompt)
+        params = self.sampling_params(request, request.max_tokens, request.logprobs)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        handles = await self.add_requests(request_id, prompts, params, "prompt")
+        if request.stream:
+            return self._stream(request, request_id, handles, params)
+        outputs = await self.final_outputs(handles, is_disconnected)
+        if outputs is None:
+            return None
+        choices = [self._choice(request, p * request.n + c.index, out, c)
+                   for p, out in enumerate(outputs) for c in out.outputs]
+        return CompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                  usage=self.usage(outputs), spec_decode=self.spec_info(outputs))
+
+    def _choice(self, request: CompletionRequest, index: int, out: RequestOutput,
+                completion: CompletionOutput) -> CompletionChoice:
+        prefix = self._prompt_text(out) if request.echo else ""
+        logprobs = None
+        if request.logprobs is not None:
+            logprobs = _completion_logprobs(completion, slice(0, None), request.logprobs, len(prefix))
+        return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
+                                finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+
+    def _prompt_text(self, out: RequestOutput) -> str:
+        return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
+
+    async def _stream(self, request: CompletionRequest, request_id: str, handles, params) -> AsyncIterator[str]:
+        created = int(time.time())
+        deltas: dict[tuple[int, int], TextDelta] = {}
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for p, out in merge_outputs(handles):
+                if out.finished:
+                    finals[p] = out
+                for completion in out.outputs:
+                    key = (p, completion.index)
+                    first = key not in deltas
+                    state = deltas.setdefault(key, TextDelta(params))
+                    text, tokens = state.next(completion)
+                    if first and request.echo:
+                        text = self._prompt_text(out) + text
+                    if not text and completion.finish_reason is None:
+                        continue
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = _completion_logprobs(completion, tokens, request.logprobs, state.text_offset)
+                        state.text_offset += sum(len(t) for t in logprobs.tokens)
+                    choice = CompletionChoice(index=p * request.n + completion.index, text=text, logprobs=logprobs,
+                                              finish_reason=completion.finish_reason,
+                                              stop_reason=completion.stop_reason)
+                    yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                                 choices=[choice]))
+        except Exception as exc:  # the response has started: report in-band, then end the stream
+            yield sse(APIError(500, f"generation failed: {exc}", type="server_error").body())
+        else:
+            outputs = [finals[p] for p in sorted(finals)]
+            if request.stream_options and request.stream_options.include_usage:
+                yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name, choices=[],
+                                             usage=self.usage(outputs), spec_decode=self.spec_info(outputs)))
+        finally:
+            for handle in handles:
+                handle.abort()
+        yield "data: [DONE]\n\n"
+
+
+def _engine_prompts(prompt) -> list:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [{"prompt_token_ids": prompt}]
+    if isinstance(prompt[0], str):
+        return list(prompt)
+    return [{"prompt_token_ids": ids} for ids in prompt]
+
+
+def _completion_logprobs(completion: CompletionOutput, tokens: slice, num_top: int,
+                         offset: int) -> CompletionLogprobs:
+    result = CompletionLogprobs()
+    entries = (completion.logprobs or [])[tokens]
+    for token_id, entry in zip(completion.token_ids[tokens], entries):
+        sampled = entry[token_id]
+        result.tokens.append(sampled.decoded_token or "")
+        result.token_logprobs.append(sampled.logprob)
+        top = sorted(entry.values(), key=lambda lp: lp.rank or 0)[:num_top]
+        result.top_logprobs.append({lp.decoded_token or "": lp.logprob for lp in top} if num_top else None)
+        result.text_offset.append(offset)
+        offset += len(sampled.decoded_token or "")
+    return result
