@@ -1,0 +1,203 @@
+"""Load benchmark of ``draftwise serve``: throughput and latency at several concurrency levels,
+with and without speculation, side by side in one run.
+
+One server per method (``none`` = no speculation) is started on 127.0.0.1 before measuring and
+all stay up; the methods then take turns at each concurrency level, so the drift of a shared
+machine hits them alike. At level ``c``, ``c`` clients stream chat completions (greedy,
+prompts from ``draftwise.workloads``) until ``max(c, --min-requests)`` requests are done or
+``--time-limit`` seconds pass (no new request starts after that). Reported per (level, method):
+requests/s, output tokens/s, speedup over ``none``, and percentiles of TTFT (time to the first
+content chunk), TPOT (per request: time after the first chunk / tokens after the first) and
+ITL (gaps between streamed chunks, vLLM's definition: a chunk may carry several tokens when
+drafts were accepted). The client is a small stdlib SSE reader, to keep its CPU use low.
+
+    python benchmarks/bench_serve.py --methods none,ngram --concurrency 1,8,32
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+from draftwise.workloads import load_workload
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+@dataclass
+class Sample:
+    ttft: float
+    tpot: float | None
+    gaps: list[float]
+    num_tokens: int
+
+
+@dataclass
+class Level:
+    samples: list[Sample] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+
+async def stream_chat(port: int, body: dict) -> Sample:
+    """POST a streaming chat request; time its chunks (HTTP/1.1, chunked transfer encoding)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = json.dumps(body).encode()
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(payload), payload))
+    start = time.perf_counter()
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise RuntimeError(f"server answered {status!r}: {await reader.read()!r}")
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass
+    times, num_tokens, buffer = [], 0, b""
+    while True:
+        size = int((await reader.readline()).strip() or b"0", 16)
+        if size == 0:
+            break
+        buffer += (await reader.readexactly(size + 2))[:-2]  # chunk data, then CRLF
+        *events, buffer = buffer.split(b"\n\n")
+        for event in events:
+            data = event.removeprefix(b"data: ").strip()
+            if not data or data == b"[DONE]":
+                continue
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                num_tokens = chunk["usage"]["completion_tokens"]
+            if any(c["delta"].get("content") for c in chunk["choices"]):
+                times.append(time.perf_counter())
+    writer.close()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    tpot = (times[-1] - times[0]) / (num_tokens - 1) if num_tokens > 1 and times else None
+    return Sample(ttft=times[0] - start if times else float("nan"), tpot=tpot, gaps=gaps, num_tokens=num_tokens)
+
+
+async def run_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
+                    time_limit: float) -> Level:
+    level, queue = Level(), list(range(num_requests))
+    deadline = time.perf_counter() + time_limit
+
+    async def client() -> None:
+        while queue and time.perf_counter() < deadline:
+            i = queue.pop(0)
+            body = {"messages": prompts[i % len(prompts)].messages, "max_tokens": max_tokens, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True}}
+            level.samples.append(await stream_chat(port, body))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    level.seconds = time.perf_counter() - start
+    return level
+
+
+def start_server(args, spec: dict | None, log) -> tuple[subprocess.Popen, int]:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", "--port", str(port), "--dtype", args.dtype,
+           "--max-num-seqs", str(max(args.concurrency)), "--log-level", "warning"]
+    if args.model:
+        cmd[4:4] = [args.model]
+    if spec:
+        cmd += ["-sc", json.dumps(spec)]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), port
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError("server did not become healthy")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(v for v in values if v == v)
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency: list[int]) -> None:
+    print(f"{'conc':>4} {'method':<7} {'reqs':>4} {'req/s':>6} {'tok/s':>7} {'speedup':>7}  "
+          f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}")
+    for c in concurrency:
+        base = levels[(c, methods[0])]
+        for method in methods:
+            lv = levels[(c, method)]
+            tok_s = lv.num_tokens / lv.seconds
+            ttft = [s.ttft * 1e3 for s in lv.samples]
+            tpot = [s.tpot * 1e3 for s in lv.samples if s.tpot is not None]
+            gaps = [g * 1e3 for s in lv.samples for g in s.gaps]
+            speedup = tok_s / (base.num_tokens / base.seconds)
+            print(f"{c:>4} {method:<7} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
+                  f"{speedup:>6.2f}x  {pct(ttft, .5):>6.0f} {pct(ttft, .9):>6.0f} {pct(ttft, .99):>7.0f}  "
+                  f"{pct(tpot, .5):>6.1f} {pct(tpot, .9):>6.1f} {pct(tpot, .99):>7.1f}  "
+                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--workload", default="code-edit")
+    parser.add_argument("--methods", default="none,ngram", help="none and/or speculative methods")
+    parser.add_argument("--speculative-config", default=json.dumps(NGRAM),
+                        help="JSON config used for method 'ngram' (others: method only)")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--min-requests", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per (level, method)")
+    args = parser.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    methods = args.methods.split(",")
+    prompts = load_workload(args.workload, num_prompts=max(args.concurrency + [args.min_requests]))
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat")
+    servers, logs = {}, tempfile.TemporaryDirectory()
+    try:
+        for method in methods:
+            spec = None if method == "none" else json.loads(args.speculative_config) if method == "ngram" \
+                else {"method": method, "num_speculative_tokens": 5}
+            log = open(os.path.join(logs.name, f"{method}.log"), "w")
+            servers[method] = start_server(args, spec, log)
+            print(f"{method}: speculative_config {spec}")
+        for method, (proc, port) in servers.items():
+            wait_healthy(proc, port)
+            asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up
+        levels = {}
+        for c in args.concurrency:
+            for method in methods:
+                num = max(c, args.min_requests)
+                levels[(c, method)] = asyncio.run(run_level(servers[method][1], prompts, c, num, args.max_tokens,
+                                                            args.time_limit))
+        report(levels, methods, args.concurrency)
+        print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+        logs.cleanup()
+
+
+if __name__ == "__main__":
+    main()
