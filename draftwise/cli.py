@@ -1,9 +1,10 @@
-"""The ``draftwise`` command line. Subcommands: ``generate``, ``serve``.
+"""The ``draftwise`` command line. Subcommands: ``generate``, ``serve``, ``bench``.
 
 ``draftwise generate --model M --prompt "..." [--max-tokens N --temperature T ...]``
 prints the generated text, then a line with the token count and speed.
 ``draftwise serve [MODEL] [--host H --port P -sc JSON ...]`` runs the
-OpenAI-compatible server (see ``draftwise.server``).
+OpenAI-compatible server (see ``draftwise.server``). ``draftwise bench ...`` measures
+speculative methods and depths on a workload (see ``draftwise.bench``).
 Bad values exit with status 2 and one line saying what is wrong.
 """
 from __future__ import annotations
@@ -75,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name(s) clients use in 'model' (default: the model argument)")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from .bench import add_bench_args
+
+    add_bench_args(sub.add_parser("bench", help="measure speculative methods and depths on a workload"))
     return parser
 
 
@@ -112,6 +116,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "bench":
+            from .bench import cmd_bench
+
+            return cmd_bench(args, sys.argv[1:] if argv is None else argv)
         return {"generate": cmd_generate, "serve": cmd_serve}[args.command](args)
     except ValueError as exc:  # bad user input: one clear line, no traceback
         print(f"draftwise: error: {exc}", file=sys.stderr)

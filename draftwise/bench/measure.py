@@ -1,0 +1,165 @@
+"""One configuration on one workload: build its engine, warm it up, time passes of requests.
+
+``run_pass(llm, prompts, params, concurrency)`` sends every prompt through
+``LLMEngine.add_request``/``step`` with ``concurrency`` requests in flight (a closed loop:
+when one finishes, the next prompt starts) and returns a ``PassResult``:
+
+* output tokens/s = output tokens of the pass / its wall time (prefill included);
+* per request, from ``RequestOutput.metrics``: TTFT = ``first_token_time - arrival_time``,
+  TPOT = ``(finished_time - first_token_time) / (tokens - 1)``; and from the step loop, ITL =
+  the gaps between steps that gave the request new tokens (vLLM's definition: with
+  speculation one step may bring several tokens, so ITL >= TPOT);
+* speculative counters: differences of ``LLM.get_metrics()`` around the pass
+  (a ``SpecDecodingStats``; ``None`` for ``none``).
+
+Prompts are ``PromptInput``s, tokenized once per workload (chat messages through the
+model's chat template, as ``LLM.chat`` does), so every configuration and transformers get
+the very same token ids.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from .. import LLM, SamplingParams
+from ..spec.metrics import SpecDecodingStats
+from ..workloads import BenchPrompt
+from .options import BenchOptions, Configuration
+
+WARMUP_TOKENS = 8
+WARMUP_TEXT = "The quick brown fox jumps over the lazy dog. Sentence {}:"
+_REQUEST_IDS = itertools.count()
+
+
+@dataclass(slots=True, frozen=True)
+class PromptInput:
+    name: str
+    text: str
+    token_ids: list[int]
+
+    def as_engine_prompt(self) -> dict:
+        return {"prompt": self.text, "prompt_token_ids": self.token_ids}
+
+
+@dataclass(slots=True)
+class RequestSample:
+    prompt_index: int
+    token_ids: list[int]  # output
+    ttft: float | None  # seconds from arrival to the first output token (None: not measured)
+    tpot: float | None  # seconds per output token after the first (None for one token)
+    gaps: list[float]  # seconds between steps that gave new tokens
+
+
+@dataclass(slots=True)
+class PassResult:
+    seconds: float
+    samples: list[RequestSample]  # in prompt order
+    spec: SpecDecodingStats | None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def tokenize_prompts(tokenizer, prompts: list[BenchPrompt]) -> list[PromptInput]:
+    inputs = []
+    for prompt in prompts:
+        if prompt.messages is not None:
+            text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            text, ids = prompt.prompt, tokenizer.encode(prompt.prompt, add_special_tokens=True)
+        inputs.append(PromptInput(prompt.name, text, list(ids)))
+    return inputs
+
+
+def sampling_params(options: BenchOptions, num_prompts: int) -> list[SamplingParams]:
+    """Greedy, or sampled with a seed per prompt so every configuration draws the same way."""
+    if options.temperature == 0:
+        return [SamplingParams(temperature=0.0, max_tokens=options.max_tokens)] * num_prompts
+    return [SamplingParams(temperature=options.temperature, max_tokens=options.max_tokens, seed=options.seed + i)
+            for i in range(num_prompts)]
+
+
+def build_engine(options: BenchOptions, config: Configuration, num_warmup: int) -> LLM:
+    """The configuration's engine, warmed up with ``num_warmup`` short requests at once."""
+    llm = LLM(model=options.model, dtype=options.dtype, device=options.device, seed=options.seed,
+              speculative_config=config.speculative_config,
+              kv_cache_memory_bytes=options.kv_cache_memory_bytes)
+    warmup = [BenchPrompt("warmup", prompt=WARMUP_TEXT.format(i)) for i in range(num_warmup)]
+    params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS)
+    run_pass(llm, tokenize_prompts(llm.get_tokenizer(), warmup), [params] * num_warmup, num_warmup)
+    return llm
+
+
+def run_pass(llm: LLM, prompts: list[PromptInput], params: list[SamplingParams], concurrency: int) -> PassResult:
+    engine = llm.llm_engine
+    before = llm.get_metrics()
+    queue = list(range(len(prompts)))
+    running: dict[str, _Tracker] = {}
+    samples: dict[int, RequestSample] = {}
+    start = time.perf_counter()
+    try:
+        while queue or running:
+            while queue and len(running) < concurrency:
+                index = queue.pop(0)
+                request_id = f"bench-{next(_REQUEST_IDS)}"
+                engine.add_request(request_id, prompts[index].as_engine_prompt(), params[index])
+                running[request_id] = _Tracker(index)
+            for out in engine.step():
+                tracker = running.get(out.request_id)
+                if tracker is not None and tracker.observe(out, time.time()):
+                    samples[tracker.prompt_index] = tracker.sample(out)
+                    del running[out.request_id]
+    except BaseException:
+        engine.abort_request(list(running))
+        raise
+    seconds = time.perf_counter() - start
+    spec = counters_between(before, llm.get_metrics())
+    return PassResult(seconds, [samples[i] for i in range(len(prompts))], spec)
+
+
+class _Tracker:
+    """Token arrival times of one request, as the step loop sees them."""
+
+    def __init__(self, prompt_index: int):
+        self.prompt_index = prompt_index
+        self.num_tokens = 0
+        self.last_time = 0.0
+        self.gaps: list[float] = []
+
+    def observe(self, out, now: float) -> bool:
+        """Record the step's new tokens; True once the request has finished."""
+        num_tokens = len(out.outputs[0].token_ids)
+        if num_tokens > self.num_tokens:
+            if self.num_tokens:
+                self.gaps.append(now - self.last_time)
+            self.num_tokens, self.last_time = num_tokens, now
+        return out.finished
+
+    def sample(self, out) -> RequestSample:
+        m = out.metrics
+        token_ids = list(out.outputs[0].token_ids)
+        ttft = (m.first_token_time or m.finished_time) - m.arrival_time
+        tpot = (m.finished_time - m.first_token_time) / (len(token_ids) - 1) if len(token_ids) > 1 else None
+        return RequestSample(self.prompt_index, token_ids, ttft, tpot, self.gaps)
+
+
+def counters_between(before: dict, after: dict) -> SpecDecodingStats | None:
+    """What the engine's speculative counters grew by (``None`` without speculation)."""
+    if not after:
+        return None
+    per_pos_after = after["spec_decode_num_accepted_tokens_per_pos"]
+    per_pos_before = before.get("spec_decode_num_accepted_tokens_per_pos", [0] * len(per_pos_after))
+    return SpecDecodingStats(
+        num_spec_tokens=len(per_pos_after),
+        num_drafts=after["spec_decode_num_drafts"] - before.get("spec_decode_num_drafts", 0),
+        num_draft_tokens=after["spec_decode_num_draft_tokens"] - before.get("spec_decode_num_draft_tokens", 0),
+        num_accepted_tokens=after["spec_decode_num_accepted_tokens"] - before.get("spec_decode_num_accepted_tokens", 0),
+        num_accepted_tokens_per_pos=[a - b for a, b in zip(per_pos_after, per_pos_before)])
+
