@@ -6,12 +6,16 @@ import contextlib
 import io
 import json
 import math
+import types
+from pathlib import Path
 
 import pytest
 
 from draftwise.bench.measure import PassResult, RequestSample
+from draftwise.bench.options import BenchOptions
 from draftwise.bench.plots import PLOTS
-from draftwise.bench.summary import repeat_until_stable
+from draftwise.bench.run import Candidate, run_rounds
+from draftwise.bench.summary import is_settled
 from draftwise.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -99,10 +103,6 @@ def test_plots_are_valid_pngs(bench_run):
         assert height > 100 and width > 100 and channels in (3, 4)
 
 
-def _fake_pass(tokens_per_s: float) -> PassResult:
-    return PassResult(seconds=100 / tokens_per_s, samples=[RequestSample(0, [0] * 100, None, None, [])], spec=None)
-
-
 # Relative standard error of the mean: 2 passes a, b -> |a - b| / (a + b).
 @pytest.mark.parametrize("rates, expected", [
     ([10.0, 10.4], 2),  # 2.0% <= 3%
@@ -110,17 +110,38 @@ def _fake_pass(tokens_per_s: float) -> PassResult:
     ([11.0, 12.2, 12.0, 12.0], 4),  # one slow pass: 5.2%, 3.2%, 2.2% (max - min would never shrink)
     ([10.0, 14.0, 10.0, 14.0, 10.0, 14.0], 5),  # never stable: stops at max_repeats
 ])
-def test_repeats_stop_once_the_mean_is_pinned_down(rates, expected):
-    it = iter(rates)
-    passes = repeat_until_stable(lambda: _fake_pass(next(it)), min_repeats=2, max_repeats=5, max_rel_error=0.03)
-    assert len(passes) == expected
-    assert [p.tokens_per_s for p in passes] == pytest.approx(rates[:expected])
+def test_passes_repeat_until_the_mean_is_pinned_down(rates, expected):
+    needed = next(n for n in range(1, len(rates) + 1) if is_settled(rates[:n], 2, 5, 0.03))
+    assert needed == expected
+
+
+def test_rounds_interleave_candidates_and_drop_settled_ones():
+    order = []
+
+    def candidate(name: str, rates: list[float]) -> Candidate:
+        it = iter(rates)
+
+        def run_pass() -> PassResult:
+            order.append(name)
+            return PassResult(100 / next(it), [RequestSample(0, [0] * 100, None, None, [])], spec=None)
+        return Candidate(dict(workload="w", label=name, backend="draftwise", method=name,
+                              num_speculative_tokens=None, concurrency=1), run_pass)
+
+    options = BenchOptions(workloads=["w"], methods=["none"], depths=[1], concurrency=[1], out=Path("."))
+    bar = types.SimpleNamespace(set_description=lambda text: None, set_postfix_str=lambda text: None,
+                                update=lambda n: None)
+    rows = run_rounds([candidate("a", [10, 10]), candidate("b", [10, 11, 10.6]), candidate("c", [10, 10])],
+                      options, bar)
+    assert order == ["a", "b", "c", "b", "c", "a", "b"]  # the second round starts at b; a and c settle there
+    assert [len(r.passes_tokens_per_s) for r in rows] == [2, 3, 2]
 
 
 BAD = [
     (["--methods", "none,magic"], "unknown method 'magic'"),
     (["--concurrency", "4", "--num-prompts", "2"], "--concurrency 4 needs at least as many prompts"),
     (["--speculative-config", "{bad"], "--speculative-config is not valid JSON"),
+    (["--speculative-config", "[1]"], "--speculative-config must be a JSON object"),
+    (["--additional-config", "{bad"], "--additional-config is not valid JSON"),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "leave out num_speculative_tokens"),
     (["--speculative-config", '{"method": "suffix"}', "--methods", "none,ngram"], "not in --methods"),
     (["--speculative-config", '{"method": "ngram", "prompt_lookup_max": -1}'], "prompt_lookup_max"),

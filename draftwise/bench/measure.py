@@ -86,14 +86,15 @@ def sampling_params(options: BenchOptions, num_prompts: int) -> list[SamplingPar
             for i in range(num_prompts)]
 
 
-def build_engine(options: BenchOptions, config: Configuration, num_warmup: int) -> LLM:
-    """The configuration's engine, warmed up with ``num_warmup`` short requests at once."""
+def build_engine(options: BenchOptions, config: Configuration, concurrency: int) -> LLM:
+    """The configuration's engine for ``concurrency`` requests at once (``max_num_seqs``, which also
+    sizes the default KV cache), warmed up with that many short requests."""
     llm = LLM(model=options.model, dtype=options.dtype, device=options.device, seed=options.seed,
-              speculative_config=config.speculative_config,
-              kv_cache_memory_bytes=options.kv_cache_memory_bytes)
-    warmup = [BenchPrompt("warmup", prompt=WARMUP_TEXT.format(i)) for i in range(num_warmup)]
+              max_num_seqs=concurrency, speculative_config=config.speculative_config,
+              kv_cache_memory_bytes=options.kv_cache_memory_bytes, additional_config=options.additional_config)
+    warmup = [BenchPrompt("warmup", prompt=WARMUP_TEXT.format(i)) for i in range(concurrency)]
     params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS)
-    run_pass(llm, tokenize_prompts(llm.get_tokenizer(), warmup), [params] * num_warmup, num_warmup)
+    run_pass(llm, tokenize_prompts(llm.get_tokenizer(), warmup), [params] * concurrency, concurrency)
     return llm
 
 

@@ -55,6 +55,7 @@ class BenchOptions:
     max_repeats: int = 5
     max_rel_error: float = 0.03
     kv_cache_memory_bytes: int | None = None
+    additional_config: dict | None = None  # what LLM(additional_config=...) gets, for every configuration
     compare: list[str] = field(default_factory=list)
     spec_options: dict[str, dict] = field(default_factory=dict)  # method -> its extra speculative_config keys
 
@@ -91,6 +92,7 @@ class BenchOptions:
                    temperature=args.temperature, seed=args.seed, min_repeats=args.min_repeats,
                    max_repeats=args.max_repeats, max_rel_error=args.max_rel_error,
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes, compare=args.compare or [],
+                   additional_config=_json_object("--additional-config", args.additional_config),
                    spec_options=_spec_options(args.speculative_config or []))
 
 
@@ -107,15 +109,24 @@ def configurations(options: BenchOptions) -> list[Configuration]:
     return found
 
 
+def _json_object(flag: str, text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return raw
+
+
 def _spec_options(values: list[str]) -> dict[str, dict]:
     """``{"method": m, key: value, ...}`` JSON objects -> ``{m: {key: value}}``, one per method."""
     found: dict[str, dict] = {}
     for text in values:
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not valid JSON ({exc.msg}): {text!r}") from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("method"), str):
+        raw = _json_object("--speculative-config", text)
+        if not isinstance(raw.get("method"), str):
             raise ValueError(f'--speculative-config must be a JSON object with a "method", got {text!r}')
         if "num_speculative_tokens" in raw:
             raise ValueError("--speculative-config: leave out num_speculative_tokens; "
@@ -164,7 +175,7 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add("--concurrency", type=_list_type(int, 1), default=[1], metavar="C[,C...]",
         help="requests in flight at once; one measurement per level (default: 1)")
     add("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples with a fixed seed per prompt")
-    add("--out", default="bench-out", help="folder for results.json and the plots (default: bench-out)")
+    add("--out", default="bench_out", help="folder for results.json and the plots (default: bench_out)")
     add("--compare", type=_list_type(str), default=None, metavar="transformers",
         help="add Hugging Face transformers' generate and prompt lookup on the same weights")
     add("--min-repeats", type=int, default=2, help="passes per measurement at least (default: 2)")
@@ -174,4 +185,6 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
              "of the mean (default: 0.03)")
     add("--seed", type=int, default=0, help="workload order and sampling seeds")
     add("--kv-cache-memory-bytes", type=int, default=None)
+    add("--additional-config", default=None, metavar="JSON",
+        help='engine options for every configuration, e.g. \'{"gguf_int4": true}\'')
 

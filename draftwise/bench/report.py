@@ -54,11 +54,14 @@ def transformers_ratios(measurements: list[Measurement]) -> list[dict]:
 
 
 def print_report(run: BenchRun, recs: list[dict], ratios: list[dict]) -> None:
-    o, model = run.options, run.model
+    o, model, machine = run.options, run.model, run.machine
     print(f"model: {model['name']}  dtype: {model['dtype']}  device: {model['device']}  "
           f"max_tokens: {o.max_tokens}  temperature: {o.temperature}")
+    load = " -> ".join(" ".join(f"{x:.2f}" for x in machine[k]) for k in ("load_average_start", "load_average_end"))
+    print(f"{machine['processor']}, {machine['cpu_count']} CPUs, torch {machine['torch']} "
+          f"({machine['torch_threads']} threads); load average {load}")
     for workload, size in run.workload_sizes.items():
-        print(f"\n{workload}: {size} prompts")
+        print(f"\n{workload}: {size} prompt{'' if size == 1 else 's'}")
         print(_header())
         rows = sorted((m for m in run.measurements if m.workload == workload),
                       key=lambda m: (m.concurrency, m.backend == "transformers"))
@@ -110,7 +113,7 @@ def results_dict(run: BenchRun, recs: list[dict], ratios: list[dict], argv: list
         "settings": {"workloads": o.workloads, "methods": o.methods, "num_speculative_tokens": o.depths,
                      "concurrency": o.concurrency, "max_tokens": o.max_tokens, "num_prompts": o.num_prompts,
                      "temperature": o.temperature, "seed": o.seed, "speculative_config": o.spec_options,
-                     "compare": o.compare},
+                     "additional_config": o.additional_config, "compare": o.compare},
         "stability_rule": {"min_repeats": o.min_repeats, "max_repeats": o.max_repeats,
                            "max_rel_error": o.max_rel_error,
                            "rel_error": "stdev / sqrt(passes) / mean of the passes' output tokens/s",

@@ -1,17 +1,16 @@
-"""``run_bench(options)``: every configuration, one after another, in this process.
+"""``run_bench(options)``: every configuration in this process, one pass at a time, interleaved.
 
-For each configuration (``options.configurations``), workload and concurrency level, passes
-repeat until stable (``summary.repeat_until_stable``). Every pass runs on a freshly built
-engine, warmed up with short requests (as many at once as the pass runs) and freed after, so
-nothing a pass leaves behind speeds up the next: suffix decoding's global tree of earlier
-outputs would otherwise draft a repeated prompt from its own earlier answer.
+For each workload and concurrency level, the candidates (every configuration of
+``options.configurations``; at concurrency 1 also transformers' ``generate`` and its prompt
+lookup at each depth, with ``--compare transformers``) run in rounds: each round, every
+candidate that is not yet stable runs one pass, the order rotating from round to round, so
+that the drift of a shared machine hits all of them alike instead of whichever ran while
+another job was busy. A candidate leaves the rounds once ``summary.is_settled`` says so.
 
-With ``--compare transformers``, transformers' ``generate`` and its prompt lookup at each
-depth run last, on the weights the engines loaded, one request at a time (listed at
-concurrency 1). A tqdm bar counts measurements.
-
-Returns the measurements and what describes the run; ``report`` turns them into the table,
-results.json and the plots.
+Every pass runs on a freshly built engine, warmed up with short requests (as many at once as
+the pass runs) and freed after, so nothing a pass leaves behind speeds up the next: suffix
+decoding's global tree of earlier outputs would otherwise draft a repeated prompt from its
+own earlier answer. Passes never overlap. A tqdm bar counts finished measurements.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from ..workloads import BenchPrompt, load_workload
 from .measure import PassResult, PromptInput, build_engine, run_pass, sampling_params, tokenize_prompts
 from .options import BenchOptions, Configuration, configurations
-from .summary import Measurement, repeat_until_stable, summarize
+from .summary import Measurement, is_settled, summarize
 
 
 @dataclass
@@ -41,24 +41,46 @@ class BenchRun:
     workload_sizes: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class Candidate:
+    labels: dict  # workload, label, backend, method, num_speculative_tokens, concurrency
+    run_pass: Callable[[], PassResult]
+    passes: list[PassResult] = field(default_factory=list)
+
+
 def run_bench(options: BenchOptions) -> BenchRun:
     workloads = load_workloads(options)
     configs = configurations(options)
     run = BenchRun(options, machine={"load_average_start": os.getloadavg()},
                    workload_sizes={name: len(prompts) for name, prompts in workloads.items()})
-    num_hf = (1 + len(options.depths)) * len(workloads) if "transformers" in options.compare else 0
-    total = len(configs) * len(workloads) * len(options.concurrency) + num_hf
-    bar = tqdm(total=total, desc="draftwise bench", unit="measurement", dynamic_ncols=True)
-    session = _Session(run, workloads, bar)
-    try:
-        for config in configs:
-            session.run_configuration(config)
-        if num_hf:
-            session.run_transformers()
-    finally:
-        bar.close()
+    session = _Session(run, workloads)
+    cells = [(name, c) for name in workloads for c in options.concurrency]
+    total = sum(len(session.candidates(configs, name, c)) for name, c in cells)
+    with tqdm(total=total, desc="draftwise bench", unit="measurement", dynamic_ncols=True) as bar:
+        for name, concurrency in cells:
+            run.measurements += run_rounds(session.candidates(configs, name, concurrency), options, bar)
     run.machine.update(machine_info())
     return run
+
+
+def run_rounds(candidates: list[Candidate], options: BenchOptions, bar) -> list[Measurement]:
+    """Passes in rotating rounds until every candidate is settled; measurements in candidate order."""
+    def settled(candidate: Candidate) -> bool:
+        return is_settled([p.tokens_per_s for p in candidate.passes], options.min_repeats, options.max_repeats,
+                          options.max_rel_error)
+
+    pending, number = list(candidates), 0
+    while pending:
+        shift = number % len(pending)
+        for candidate in pending[shift:] + pending[:shift]:
+            labels = candidate.labels
+            bar.set_description(f"{labels['label']} on {labels['workload']} at concurrency {labels['concurrency']}")
+            candidate.passes.append(candidate.run_pass())
+            bar.set_postfix_str(f"pass {len(candidate.passes)}: {candidate.passes[-1].tokens_per_s:.1f} tokens/s")
+            bar.update(int(settled(candidate)))
+        pending = [c for c in pending if not settled(c)]
+        number += 1
+    return [summarize(c.passes, options.max_rel_error, **c.labels) for c in candidates]
 
 
 def load_workloads(options: BenchOptions) -> dict[str, list[BenchPrompt]]:
@@ -71,67 +93,65 @@ def load_workloads(options: BenchOptions) -> dict[str, list[BenchPrompt]]:
 
 
 def machine_info() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+    return {"platform": platform.platform(), "processor": _cpu_name(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "python": sys.version.split()[0], "load_average_end": os.getloadavg(),
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.machine()
+
+
 class _Session:
-    """The state shared by the configurations: prompts tokenized once, the bar, the results."""
+    """What the passes share: prompts tokenized once, the model's description, transformers."""
 
-    def __init__(self, run: BenchRun, workloads: dict[str, list[BenchPrompt]], bar):
-        self.run, self.options, self.workloads, self.bar = run, run.options, workloads, bar
+    def __init__(self, run: BenchRun, workloads: dict[str, list[BenchPrompt]]):
+        self.run, self.options, self.workloads = run, run.options, workloads
         self.inputs: dict[str, list[PromptInput]] = {}
+        self._hf = None
 
-    def run_configuration(self, config: Configuration) -> None:
-        for name in self.workloads:
-            for concurrency in self.options.concurrency:
-                labels = dict(workload=name, label=config.label, backend="draftwise", method=config.method,
-                              num_speculative_tokens=config.num_speculative_tokens, concurrency=concurrency)
-                self._measure(lambda: self._fresh_pass(config, name, concurrency), labels)
+    def candidates(self, configs: list[Configuration], workload: str, concurrency: int) -> list[Candidate]:
+        found = [Candidate(dict(workload=workload, label=c.label, backend="draftwise", method=c.method,
+                                num_speculative_tokens=c.num_speculative_tokens, concurrency=concurrency),
+                           lambda c=c: self._fresh_pass(c, workload, concurrency)) for c in configs]
+        if "transformers" in self.options.compare and concurrency == 1:
+            for depth in [None, *self.options.depths]:
+                label = "transformers generate" if depth is None else f"transformers prompt lookup K={depth}"
+                labels = dict(workload=workload, label=label, backend="transformers",
+                              method="none" if depth is None else "prompt_lookup",
+                              num_speculative_tokens=depth, concurrency=1)
+                found.append(Candidate(labels, lambda depth=depth: self._hf_pass(workload, depth)))
+        return found
 
     def _fresh_pass(self, config: Configuration, workload: str, concurrency: int) -> PassResult:
         """One pass on a newly built, warmed-up engine, freed afterwards."""
         start = time.perf_counter()
         llm = build_engine(self.options, config, concurrency)
         self._describe(config, llm, time.perf_counter() - start)
-        prompts = self.workloads[workload]
-        inputs = self.inputs.setdefault(workload, tokenize_prompts(llm.get_tokenizer(), prompts))
+        inputs = self.inputs.setdefault(workload, tokenize_prompts(llm.get_tokenizer(), self.workloads[workload]))
         try:
             return run_pass(llm, inputs, sampling_params(self.options, len(inputs)), concurrency)
         finally:
             del llm
             gc.collect()
 
-    def run_transformers(self) -> None:
-        from .hf import HFRunner
+    def _hf_pass(self, workload: str, depth: int | None) -> PassResult:
+        """One pass of transformers (loaded on first use, after an engine described the model)."""
+        if self._hf is None:
+            from .hf import HFRunner
 
-        self.bar.set_description("transformers: loading the model")
-        model = self.run.model
-        runner = HFRunner(model["path"], getattr(torch, model["dtype"]), torch.device(model["device"]),
-                          model["eos_token_ids"])
-        for name, inputs in self.inputs.items():
-            params = sampling_params(self.options, len(inputs))
-            for depth in [None, *self.options.depths]:
-                runner.warm_up(inputs[0], depth)
-                label = "transformers generate" if depth is None else f"transformers prompt lookup K={depth}"
-                labels = dict(workload=name, label=label, backend="transformers",
-                              method="none" if depth is None else "prompt_lookup",
-                              num_speculative_tokens=depth, concurrency=1)
-                self._measure(lambda: runner.run_pass(inputs, params, depth), labels)
-
-    def _measure(self, run_one, labels: dict) -> None:
-        where = f"{labels['label']} on {labels['workload']} at concurrency {labels['concurrency']}"
-        self.bar.set_description(where)
-
-        def on_pass(number: int, result: PassResult) -> None:
-            self.bar.set_postfix_str(f"pass {number}: {result.tokens_per_s:.1f} tokens/s")
-
-        o = self.options
-        passes = repeat_until_stable(run_one, o.min_repeats, o.max_repeats, o.max_rel_error, on_pass)
-        self.run.measurements.append(summarize(passes, o.max_rel_error, **labels))
-        self.bar.update(1)
+            model = self.run.model
+            self._hf = HFRunner(model["path"], getattr(torch, model["dtype"]), torch.device(model["device"]),
+                                model["eos_token_ids"])
+        inputs = self.inputs[workload]
+        self._hf.warm_up(inputs[0], depth)
+        return self._hf.run_pass(inputs, sampling_params(self.options, len(inputs)), depth)
 
     def _describe(self, config: Configuration, llm, seconds: float) -> None:
         engine = llm.llm_engine

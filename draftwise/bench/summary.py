@@ -1,23 +1,24 @@
-"""Repeating passes until a measurement is stable, and what one measurement reports.
+"""When a measurement has enough passes, and what one measurement reports.
 
 A measurement is one configuration (or transformers mode) on one workload at one concurrency.
 
-Stability rule: passes over the same prompts repeat until at least ``min_repeats`` are done
-and the relative standard error of their mean output tokens/s, ``stdev / sqrt(n) / mean``, is
-at most ``max_rel_error``; at ``max_repeats`` passes it stops anyway, marked ``stable: false``.
-Example (defaults 2, 5, 0.03): passes at 12.0 and 13.0 tokens/s -> error 1.0/25 = 4%, so a
-third pass; at 12.6 -> stdev 0.50, error 0.29/12.5 = 2.3% -> stop. Unlike max - min, the
-error shrinks as passes are added, so one slow pass does not force every later repeat.
+Stability rule: a candidate's passes over the same prompts repeat (interleaved with the other
+candidates', see ``run``) until at least ``min_repeats`` are done and the relative standard
+error of their mean output tokens/s, ``stdev / sqrt(n) / mean``, is at most ``max_rel_error``;
+at ``max_repeats`` passes it stops anyway, marked ``stable: false``. Example (defaults 2, 5,
+0.03): passes at 12.0 and 13.0 tokens/s -> error 1.0/25 = 4%, so a third pass; at 12.6 ->
+stdev 0.50, error 0.29/12.5 = 2.3% -> done. Unlike max - min, the error shrinks as passes
+are added, so one slow pass does not force every later repeat.
 
 Reported: tokens/s = median over the passes, with their spread ``(max - min) / median``;
-acceptance counters summed over all passes; TTFT, ITL and TPOT = medians over every request of every pass; output
-token ids of the first pass (for the ``match`` column, set by ``compare_outputs``).
+acceptance counters summed over all passes; TTFT, ITL and TPOT = medians over every request
+of every pass; output token ids of the first pass (for the ``match`` column, set by
+``compare_outputs``).
 """
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..spec.metrics import SpecDecodingStats
@@ -26,17 +27,11 @@ from .measure import PassResult
 MS = 1000.0
 
 
-def repeat_until_stable(run_pass: Callable[[], PassResult], min_repeats: int, max_repeats: int,
-                        max_rel_error: float, on_pass: Callable[[int, PassResult], None] | None = None
-                        ) -> list[PassResult]:
-    passes: list[PassResult] = []
-    while len(passes) < max_repeats:
-        passes.append(run_pass())
-        if on_pass:
-            on_pass(len(passes), passes[-1])
-        if len(passes) >= min_repeats and relative_error([p.tokens_per_s for p in passes]) <= max_rel_error:
-            break
-    return passes
+def is_settled(tokens_per_s: list[float], min_repeats: int, max_repeats: int, max_rel_error: float) -> bool:
+    """Whether a candidate with these passes needs no more (the stability rule above)."""
+    if len(tokens_per_s) >= max_repeats:
+        return True
+    return len(tokens_per_s) >= min_repeats and relative_error(tokens_per_s) <= max_rel_error
 
 
 def relative_error(values: list[float]) -> float:
