@@ -69,7 +69,8 @@ class EngineConfig:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
         _check_additional_config(self.additional_config)
         if self.speculative_config is not None:
-            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size)
+            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size,
+                                                            target_model=self.model)
 
     @property
     def torch_device(self) -> torch.device:

@@ -87,7 +87,8 @@ class LLMEngine:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,
                             dtype=self.dtype, vocab_size=self.hf_config.vocab_size,
                             max_model_len=self.max_model_len, block_size=self.config.block_size,
-                            tensor_parallel_size=self.config.tensor_parallel_size)
+                            tensor_parallel_size=self.config.tensor_parallel_size,
+                            model_path=self.config.model_path)
         return Speculator(self.config.speculative, target)
 
     # ------------------------------------------------------------------ requests
