@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .kv_transfer import KVTransferConfig
 from .spec.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -35,15 +36,17 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     speculative_config: dict | str | None = None
     additional_config: dict | None = None
+    kv_transfer_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
     # Derived: the validated speculative config; the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)
+    kv_transfer: KVTransferConfig | None = field(default=None, repr=False)
     model_path: Path | None = field(default=None, repr=False)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative", "kv_transfer"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
@@ -68,6 +71,8 @@ class EngineConfig:
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
         _check_additional_config(self.additional_config)
+        if self.kv_transfer_config is not None:
+            self.kv_transfer = KVTransferConfig.from_value(self.kv_transfer_config)
         if self.speculative_config is not None:
             self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size,
                                                             target_model=self.model)

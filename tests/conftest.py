@@ -253,7 +253,8 @@ def spec_dirs(tiny_model_dir, tiny_draft_dir, tmp_path_factory) -> dict:
                                                                          str(tiny_model_dir)),
             "medusa": drafter_ckpts.write_medusa(root / "medusa", vocab),
             "medusa_vllm": drafter_ckpts.write_medusa(root / "medusa-vllm", vocab, layout="vllm", num_layers=2),
-            "mtp_target": drafter_ckpts.write_mtp_target(root / "mtp-target", tiny_model_dir)}
+            "mtp_target": drafter_ckpts.write_mtp_target(root / "mtp-target", tiny_model_dir),
+            "dflash": drafter_ckpts.write_dflash(root / "dflash", vocab)}
 
 
 SMALL_VOCAB_WORDS = ["<|endoftext|>", "a", "b", "c", "d", "e", "f", "g", "h", "i"]

@@ -138,3 +138,20 @@ def write_mtp_target(out: Path, target_dir: Path, num_layers: int = 2, seed: int
             weights[prefix + "shared_head.head.weight"] = _randn(gen, config["vocab_size"], HIDDEN)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"))
     return out
+
+
+def write_dflash(out: Path, vocab_size: int, target_layer_ids=(0, 1), block_size: int = 4, num_layers: int = 2,
+                 mask_token_id: int = 3, seed: int = 5) -> Path:
+    """DFlash (z-lab layout): Qwen3 layers with q/k norms, fc over target layers, hidden_norm, norm."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {"fc.weight": _randn(gen, HIDDEN, len(target_layer_ids) * HIDDEN),
+               "hidden_norm.weight": 1 + _randn(gen, HIDDEN, scale=0.05),
+               "norm.weight": 1 + _randn(gen, HIDDEN, scale=0.05)}
+    for i in range(num_layers):
+        tensors.update(decoder_layer_tensors(gen, f"layers.{i}."))
+        tensors[f"layers.{i}.self_attn.q_norm.weight"] = 1 + _randn(gen, HEAD_DIM, scale=0.05)
+        tensors[f"layers.{i}.self_attn.k_norm.weight"] = 1 + _randn(gen, HEAD_DIM, scale=0.05)
+    config = layer_config(vocab_size, model_type="qwen3", architectures=["DFlashDraftModel"], head_dim=HEAD_DIM,
+                          num_hidden_layers=num_layers, block_size=block_size, num_target_layers=2,
+                          dflash_config={"target_layer_ids": list(target_layer_ids), "mask_token_id": mask_token_id})
+    return _save(out, config, tensors)

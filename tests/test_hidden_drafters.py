@@ -156,6 +156,32 @@ def test_medusa_drafts_equal_reference(tiny_model_dir, spec_dirs):
     assert drafts == ref
 
 
+def test_dflash_drafts_equal_reference(tiny_model_dir, spec_dirs):
+    """Context K/V from hidden_norm(fc(target layer outputs)), a non-causal block [last, mask, mask, mask]."""
+    tokens, drafts = engine_drafts(tiny_model_dir, {"method": "dflash", "model": str(spec_dirs["dflash"])})
+    t, s = load_file(str(spec_dirs["dflash"] / "model.safetensors")), target_states(tiny_model_dir, tokens)
+    n = len(tokens) - 1  # context positions 0 .. n - 1; the block starts at n
+    ctx = rms(torch.cat([s[1][:n], s[2][:n]], -1) @ t["fc.weight"].T, t["hidden_norm.weight"])
+    x = s["embed"][torch.tensor([tokens[-1]] + [3] * 3)]
+    pos = torch.arange(n + 4)
+    for i in range(2):
+        p = f"layers.{i}."
+        h = rms(x, t[p + "input_layernorm.weight"])
+        q = rms((h @ t[p + "self_attn.q_proj.weight"].T).view(4, 4, 16), t[p + "self_attn.q_norm.weight"])
+        both = torch.cat((ctx, h), 0)
+        k = rms((both @ t[p + "self_attn.k_proj.weight"].T).view(-1, 2, 16), t[p + "self_attn.k_norm.weight"])
+        v = (both @ t[p + "self_attn.v_proj.weight"].T).view(-1, 2, 16)
+        q, k = rope(q, pos[n:]), rope(k, pos).repeat_interleave(2, 1)
+        a = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
+                                           v.repeat_interleave(2, 1).transpose(0, 1))  # not causal
+        x = x + a.transpose(0, 1).reshape(4, 64) @ t[p + "self_attn.o_proj.weight"].T
+        m = rms(x, t[p + "post_attention_layernorm.weight"])
+        x = x + (F.silu(m @ t[p + "mlp.gate_proj.weight"].T) * (m @ t[p + "mlp.up_proj.weight"].T)) \
+            @ t[p + "mlp.down_proj.weight"].T
+    ref = (rms(x, t["norm.weight"]) @ s["lm_head"].T).argmax(-1)[1:].tolist()
+    assert drafts == ref
+
+
 def test_padded_and_ragged_drafter_batches_agree(tiny_model_dir, spec_dirs):
     """Same drafts (hence the same acceptance counts) with either batch shape, batched and uneven."""
     prompts, params = PROMPTS[:5], [greedy(m, ignore_eos=True) for m in (9, 30, 17, 25, 4)]
@@ -182,7 +208,8 @@ def _broken_copy(src, dst, drop=(), config_update=None):
 
 
 @pytest.mark.parametrize("case", ["eagle missing fc", "eagle3 as eagle", "eagle3 missing d2t", "eagle hidden",
-                                  "medusa layout", "mtp without layers", "mtp too many tokens", "no model"])
+                                  "medusa layout", "mtp without layers", "mtp too many tokens", "no model",
+                                  "dflash block", "dflash missing norm"])
 def test_bad_drafter_checkpoints_are_named(case, tiny_model_dir, spec_dirs, tmp_path):
     d = spec_dirs
     cases = {
@@ -199,6 +226,11 @@ def test_bad_drafter_checkpoints_are_named(case, tiny_model_dir, spec_dirs, tmp_
         "mtp too many tokens": ({"method": "mtp", "model": str(d["mtp_target"]), "num_speculative_tokens": 3},
                                 "multiple of 2"),
         "no model": ({"method": "eagle3", "num_speculative_tokens": 2}, "needs 'model'"),
+        "dflash block": ({"method": "dflash", "model": str(d["dflash"]), "num_speculative_tokens": 4},
+                         "block size is 4"),
+        "dflash missing norm": ({"method": "dflash", "model": str(_broken_copy(d["dflash"], tmp_path / "df",
+                                                                                ["layers.1.self_attn.k_norm.weight"]))},
+                                "layers.1.self_attn.k_norm.weight"),
     }
     config, needle = cases[case]
     config.setdefault("num_speculative_tokens", 2)

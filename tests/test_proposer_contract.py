@@ -10,12 +10,12 @@ from draftwise import LLM
 from draftwise.engine.model_runner import ForwardInput
 from draftwise.engine.sequence import Sequence
 from draftwise.sampling_params import SamplingParams
-from draftwise.spec import ProposeBatch, registered_methods
+from draftwise.spec import ProposeBatch
 from draftwise.spec.interface import TargetHidden
-from test_spec_equivalence import spec_configs
+from test_spec_equivalence import drafting_methods, spec_configs
 
 
-@pytest.fixture(scope="module", params=registered_methods())
+@pytest.fixture(scope="module", params=drafting_methods())
 def engine(request, tiny_model_dir, spec_dirs):
     config = spec_configs(spec_dirs)[request.param]
     return LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config).llm_engine

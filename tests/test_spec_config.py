@@ -70,12 +70,6 @@ def test_bad_configs_are_rejected_with_the_key(raw, words):
         assert word in str(info.value)
 
 
-@pytest.mark.parametrize("method", ["dflash", "extract_hidden_states"])
-def test_unbuilt_methods_say_not_implemented(method):
-    with pytest.raises(ValueError, match="not implemented yet"):
-        parse({"method": method, "num_speculative_tokens": 2, "model": "x"})
-
-
 def test_mtp_aliases_and_default_model():
     cfg = parse({"method": "deepseek_mtp", "num_speculative_tokens": 1})
     assert cfg.method == "mtp" and cfg.model is None

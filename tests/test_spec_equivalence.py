@@ -26,11 +26,20 @@ def spec_configs(dirs: dict) -> dict:
                    "disable_padded_drafter_batch": True},
         "medusa": {"method": "medusa", "model": str(dirs["medusa"])},
         "mtp": {"method": "mtp", "model": str(dirs["mtp_target"]), "num_speculative_tokens": 4},
+        "dflash": {"method": "dflash", "model": str(dirs["dflash"])},
     }
 
 
+# Methods that never draft (one output token per request), tested in their own file.
+NON_DRAFTING = {"extract_hidden_states"}
+
+
+def drafting_methods() -> list[str]:
+    return [m for m in registered_methods() if m not in NON_DRAFTING]
+
+
 def test_every_registered_method_is_covered(spec_dirs):
-    assert sorted(spec_configs(spec_dirs)) == registered_methods()
+    assert sorted(spec_configs(spec_dirs)) == drafting_methods()
 
 
 EXTRA_CONFIGS = {
@@ -43,7 +52,7 @@ EXTRA_CONFIGS = {
 
 
 @pytest.fixture(scope="module", params=["ngram", "suffix", "draft_model", "draft_model_self", "eagle", "eagle3",
-                                        "eagle3_speculators", "medusa", "medusa_vllm", "mtp"])
+                                        "eagle3_speculators", "medusa", "medusa_vllm", "mtp", "dflash"])
 def spec_llm(request, tiny_model_dir, spec_dirs):
     if request.param in EXTRA_CONFIGS:
         config = EXTRA_CONFIGS[request.param](spec_dirs, str(tiny_model_dir))

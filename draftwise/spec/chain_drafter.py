@@ -81,7 +81,11 @@ class ChainProposer(Proposer):
     model: ChainModel
 
     def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
-        return hidden.hidden_states[rows]  # [num_rows, hidden]; EAGLE-3 reads the aux states instead
+        """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
+        some (EAGLE-3, DFlash), else the final-norm hidden state (EAGLE, MTP)."""
+        if hidden.aux_hidden_states:
+            return torch.cat([aux[rows] for aux in hidden.aux_hidden_states], dim=-1)
+        return hidden.hidden_states[rows]
 
     def kv_bytes_per_token(self) -> int:
         layer = self.model.layers[0]
@@ -112,6 +116,16 @@ class ChainProposer(Proposer):
 
     def _ingest(self, target: TargetHidden) -> dict[int, torch.Tensor]:
         """Run the drafter over this step's new target rows; the output at ``num_tokens - 2`` per sequence."""
+        prepared = self.ingest_batch(target)
+        if prepared is None:
+            return {}
+        batch, seqs = prepared
+        out = self.model.ingest(batch, self.kv_cache)
+        return {seq.seq_id: out[batch.cu_num_rows[j + 1] - 1] for j, seq in enumerate(seqs)
+                if seq.drafter_num_computed_tokens == seq.num_tokens - 1}
+
+    def ingest_batch(self, target: TargetHidden) -> tuple[IngestBatch, list] | None:
+        """The rows to ingest this step (and their sequences, whose drafter position advances), or None."""
         inputs, rows, seqs = [], [], []
         for i, seq in enumerate(target.seqs):
             if seq.is_finished:
@@ -127,18 +141,12 @@ class ChainProposer(Proposer):
                 rows.extend(range(first_row + done - start, first_row + end - start))
                 seqs.append(seq)
         if not inputs:
-            return {}
+            return None
         ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
-        row_index = torch.tensor(rows, device=target.hidden_states.device)
-        features = self.target_features(target, row_index)
-        out = self.model.ingest(IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]),
-                                self.kv_cache)
-        last = {}
-        for j, (seq, item) in enumerate(zip(seqs, inputs)):
+        features = self.target_features(target, torch.tensor(rows, device=target.hidden_states.device))
+        for seq, item in zip(seqs, inputs):
             seq.drafter_num_computed_tokens = item.start + len(item.token_ids)
-            if seq.drafter_num_computed_tokens == seq.num_tokens - 1:
-                last[seq.seq_id] = out[cu[j + 1] - 1]
-        return last
+        return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
 
     def _chain(self, seqs, rows: list[int], limits: list[int], hidden: torch.Tensor,
                drafts: list[list[int]]) -> None:

@@ -58,6 +58,7 @@ class TargetInfo:
     block_size: int
     tensor_parallel_size: int = 1
     model_path: Any = None  # the target's local directory (MTP layers live in its checkpoint)
+    kv_transfer: Any = None  # KVTransferConfig: where extract_hidden_states writes
 
 
 @dataclass

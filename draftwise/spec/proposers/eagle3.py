@@ -24,7 +24,7 @@ from torch import nn
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, require_model
 from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, own_embedding, place
-from ..interface import ProposerNeeds, TargetHidden, register
+from ..interface import ProposerNeeds, register
 
 
 def aux_layer_ids(config: dict, num_target_layers: int, what: str) -> tuple[int, ...]:
@@ -109,6 +109,3 @@ class Eagle3Proposer(ChainProposer):
         ids = aux_layer_ids(ckpt.config, target.hf_config.num_hidden_layers, ckpt.what)
         self.needs = ProposerNeeds(aux_layer_ids=ids, kv_cache=True)
         self.model = Eagle3Model(ckpt, target, len(ids))
-
-    def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
-        return torch.cat([aux[rows] for aux in hidden.aux_hidden_states], dim=-1)  # [num_rows, 3 * H]
