@@ -66,7 +66,7 @@ class LLMEngine:
         num_blocks = kv_bytes // (per_token * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.eos_token_ids)
+                                  self.eos_token_ids, config.rejection_sampler)
         if self.speculator:
             self.speculator.bind(self.block_manager)
             self.speculator.calibrate(self.runner)

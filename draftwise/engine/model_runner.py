@@ -22,6 +22,7 @@ from ..layers.attention import AttentionMetadata, build_metadata
 from ..layers.sampler import sample
 from ..spec.interface import ProposerNeeds, TargetHidden
 from ..spec.rejection_sampler import VerifyInput, rejection_sample
+from ..spec.verify_config import RejectionSamplerConfig
 from .sampling_inputs import build_sampling_metadata
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
@@ -48,8 +49,9 @@ class ForwardInput:
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int,
-                 block_size: int, eos_token_ids: set[int]):
+                 block_size: int, eos_token_ids: set[int], verify_config: RejectionSamplerConfig | None = None):
         self.model = model
+        self.verify_config = verify_config  # block / entropy verify of sampled drafts; None: standard
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -95,7 +97,7 @@ class ModelRunner:
             out = sample(logits, meta)
             token_rows, token_ids = out.token_ids, [[t] for t in out.token_ids.tolist()]
         else:
-            verified = rejection_sample(logits, meta, _verify_input(seqs, drafts, self.device))
+            verified = rejection_sample(logits, meta, _verify_input(seqs, drafts, self.device), self.verify_config)
             token_rows = verified.row_token_ids
             token_ids = [row[:n + 1] for row, n in zip(verified.token_ids.tolist(),
                                                        verified.num_accepted.tolist())]
