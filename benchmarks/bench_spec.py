@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draftwise import LLM, SamplingParams
+from draftwise.outputs import RequestOutput
 from draftwise.workloads import BenchPrompt, load_workload
 
 WARMUP = BenchPrompt("warmup", messages=[{"role": "user", "content": "Say hello."}])
@@ -109,14 +110,19 @@ def make_engine(args, label: str, method: str, k: int | None) -> Engine:
     return Engine(label, method, k, llm)
 
 
-def run_prompt(llm: LLM, prompt: BenchPrompt, params: SamplingParams) -> tuple[list[int], float, float]:
-    """Output token ids, wall seconds of one request, and seconds after its first token."""
+def run_request(llm: LLM, prompt: BenchPrompt, params: SamplingParams) -> tuple[RequestOutput, float]:
+    """The output of one request and its wall seconds."""
     start = time.perf_counter()
     if prompt.messages is not None:
         out = llm.chat(prompt.messages, params, use_tqdm=False)[0]
     else:
         out = llm.generate(prompt.prompt, params, use_tqdm=False)[0]
-    seconds = time.perf_counter() - start
+    return out, time.perf_counter() - start
+
+
+def run_prompt(llm: LLM, prompt: BenchPrompt, params: SamplingParams) -> tuple[list[int], float, float]:
+    """Output token ids, wall seconds of one request, and seconds after its first token."""
+    out, seconds = run_request(llm, prompt, params)
     return list(out.outputs[0].token_ids), seconds, out.metrics.finished_time - out.metrics.first_token_time
 
 
