@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import PROMPTS, greedy
+from test_spec_equivalence import drafting_methods, spec_configs
+
 from draftwise import LLM
 from draftwise.engine.model_runner import ForwardInput
 from draftwise.engine.sequence import Sequence
 from draftwise.sampling_params import SamplingParams
 from draftwise.spec import ProposeBatch
 from draftwise.spec.interface import TargetHidden
-from test_spec_equivalence import drafting_methods, spec_configs
 
 
 @pytest.fixture(scope="module", params=drafting_methods())

@@ -14,8 +14,9 @@ def parse(raw, tp=1):
 def test_ngram_defaults_like_vllm():
     cfg = parse({"method": "ngram", "num_speculative_tokens": 3})
     assert (cfg.options.prompt_lookup_min, cfg.options.prompt_lookup_max) == (5, 5)
-    assert parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}).options.prompt_lookup_min == 4
-    assert parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}).options.prompt_lookup_max == 2
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    assert parse({**ngram, "prompt_lookup_max": 4}).options.prompt_lookup_min == 4
+    assert parse({**ngram, "prompt_lookup_min": 2}).options.prompt_lookup_max == 2
 
 
 def test_json_text_is_accepted():
