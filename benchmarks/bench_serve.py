@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,6 +113,7 @@ def start_server(args, spec: dict | None, log) -> tuple[subprocess.Popen, int]:
         cmd[4:4] = [args.model]
     if spec:
         cmd += ["-sc", json.dumps(spec)]
+    cmd += args.server_args.split()
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), port
 
 
@@ -167,12 +167,15 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per (level, method)")
+    parser.add_argument("--server-args", default="", help="extra draftwise serve flags, e.g. "
+                        "'--max-num-batched-tokens 512'")
     args = parser.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     methods = args.methods.split(",")
     prompts = load_workload(args.workload, num_prompts=max(args.concurrency + [args.min_requests]))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-    print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat")
+    print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat"
+          f"{'; server flags: ' + args.server_args if args.server_args else ''}")
     servers, logs = {}, tempfile.TemporaryDirectory()
     try:
         for method in methods:

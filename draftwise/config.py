@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 
+from .kv_transfer import KVTransferConfig
 from .spec.config import SpeculativeConfig
+from .spec.verify_config import RejectionSamplerConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -35,15 +37,20 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     speculative_config: dict | str | None = None
     additional_config: dict | None = None
+    kv_transfer_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
-    # Derived: the validated speculative config; the model path resolved by the engine.
+    # Derived: the validated speculative config; the verify rules that act at its draft length
+    # (additional_config["rejection_sampler_config"]); the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)
+    kv_transfer: KVTransferConfig | None = field(default=None, repr=False)
+    rejection_sampler: RejectionSamplerConfig = field(default_factory=RejectionSamplerConfig, repr=False)
     model_path: Path | None = field(default=None, repr=False)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative", "kv_transfer",
+                                                              "rejection_sampler"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
@@ -68,8 +75,15 @@ class EngineConfig:
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
         _check_additional_config(self.additional_config)
+        if self.kv_transfer_config is not None:
+            self.kv_transfer = KVTransferConfig.from_value(self.kv_transfer_config)
         if self.speculative_config is not None:
-            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size)
+            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size,
+                                                            target_model=self.model)
+        verify = RejectionSamplerConfig.from_value((self.additional_config or {}).get("rejection_sampler_config"))
+        if self.speculative:
+            verify = verify.for_num_speculative_tokens(self.speculative.num_speculative_tokens)
+        self.rejection_sampler = verify
 
     @property
     def torch_device(self) -> torch.device:
@@ -86,7 +100,7 @@ class EngineConfig:
         return torch.bfloat16 if _bf16_is_fast(self.torch_device) else torch.float32
 
 
-_ADDITIONAL_KEYS = {"gguf_int4": bool}
+_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict}  # the latter: spec/verify_config.py
 
 
 def _check_additional_config(extra) -> None:

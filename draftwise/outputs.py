@@ -56,3 +56,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    kv_transfer_params: dict | None = None  # e.g. {"hidden_states_path": ...} (extract_hidden_states)

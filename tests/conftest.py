@@ -238,6 +238,25 @@ def tiny_draft_dir(tiny_model_dir, tmp_path_factory):
     return out_dir
 
 
+@pytest.fixture(scope="session")
+def spec_dirs(tiny_model_dir, tiny_draft_dir, tmp_path_factory) -> dict:
+    """Checkpoints the speculative methods load, for the tiny target: {"draft": ..., "eagle": ...}."""
+    import drafter_ckpts
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    root = tmp_path_factory.mktemp("drafters")
+    return {"draft": tiny_draft_dir,
+            "eagle": drafter_ckpts.write_eagle(root / "eagle", vocab, fc_bias=True),
+            "eagle3": drafter_ckpts.write_eagle3(root / "eagle3", vocab),
+            "eagle3_speculators": drafter_ckpts.write_eagle3_speculators(root / "eagle3-spec", vocab,
+                                                                         str(tiny_model_dir)),
+            "medusa": drafter_ckpts.write_medusa(root / "medusa", vocab),
+            "medusa_vllm": drafter_ckpts.write_medusa(root / "medusa-vllm", vocab, layout="vllm", num_layers=2),
+            "mtp_target": drafter_ckpts.write_mtp_target(root / "mtp-target", tiny_model_dir),
+            "dflash": drafter_ckpts.write_dflash(root / "dflash", vocab)}
+
+
 SMALL_VOCAB_WORDS = ["<|endoftext|>", "a", "b", "c", "d", "e", "f", "g", "h", "i"]
 
 

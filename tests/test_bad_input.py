@@ -4,8 +4,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-
 from conftest import PROMPTS, greedy
+
 from draftwise import LLM, SamplingParams
 
 

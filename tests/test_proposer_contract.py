@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import PROMPTS, greedy
+from test_spec_equivalence import drafting_methods, spec_configs
+
 from draftwise import LLM
+from draftwise.engine.model_runner import ForwardInput
 from draftwise.engine.sequence import Sequence
 from draftwise.sampling_params import SamplingParams
-from draftwise.spec import ProposeBatch, registered_methods
-from test_spec_equivalence import spec_configs
+from draftwise.spec import ProposeBatch
+from draftwise.spec.interface import TargetHidden
 
 
-@pytest.fixture(scope="module", params=registered_methods())
-def engine(request, tiny_model_dir, tiny_draft_dir):
-    config = spec_configs(tiny_draft_dir)[request.param]
+@pytest.fixture(scope="module", params=drafting_methods())
+def engine(request, tiny_model_dir, spec_dirs):
+    config = spec_configs(spec_dirs)[request.param]
     return LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config).llm_engine
 
 
@@ -30,11 +32,22 @@ def _running_seqs(engine, prompts: list[str]) -> list[Sequence]:
     return seqs
 
 
+def _batch(engine, seqs: list[Sequence], limits: list[int]) -> ProposeBatch:
+    """What the engine hands a proposer after a step; for hidden-state proposers the target's
+    rows of every position, as after each sequence's prefill."""
+    needs = engine.speculator.needs
+    if not (needs.hidden_states or needs.aux_layer_ids):
+        return ProposeBatch(seqs, limits)
+    hidden, aux, cu = engine.runner.forward([ForwardInput(s.all_token_ids, 0, s.block_ids) for s in seqs],
+                                            needs.aux_layer_ids)
+    return ProposeBatch(seqs, limits, TargetHidden(hidden, aux, cu, seqs, [0] * len(seqs)))
+
+
 def test_shapes_padding_and_clipping(engine):
     seqs = _running_seqs(engine, PROMPTS[:5])
     limits = [0, 1, 3, 2, 3]
     proposer = engine.speculator.proposer
-    drafts = proposer.propose(ProposeBatch(seqs, limits))
+    drafts = proposer.propose(_batch(engine, seqs, limits))
     assert drafts.token_ids.dtype == torch.int64
     assert drafts.token_ids.shape[0] == len(seqs)
     assert drafts.token_ids.shape[1] == max(drafts.num_draft_tokens, default=0)
@@ -53,7 +66,7 @@ def test_shapes_padding_and_clipping(engine):
 
 def test_all_zero_limits_give_an_empty_batch(engine):
     seqs = _running_seqs(engine, PROMPTS[:2])
-    drafts = engine.speculator.proposer.propose(ProposeBatch(seqs, [0, 0]))
+    drafts = engine.speculator.proposer.propose(_batch(engine, seqs, [0, 0]))
     assert drafts.num_draft_tokens == [0, 0] and drafts.token_ids.shape == (2, 0)
     for seq in seqs:
         engine.speculator.proposer.on_finished(seq)
@@ -74,8 +87,8 @@ def test_state_is_released_after_requests_finish_or_abort(engine):
     assert llm_engine.block_manager.num_free_blocks == llm_engine.block_manager.num_blocks
 
 
-def test_drafts_respect_max_tokens_and_max_model_len(tiny_model_dir, tiny_draft_dir):
-    for config in spec_configs(tiny_draft_dir).values():
+def test_drafts_respect_max_tokens_and_max_model_len(tiny_model_dir, spec_dirs):
+    for config in spec_configs(spec_dirs).values():
         llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config, max_model_len=128)
         prompt_len = len(llm.get_tokenizer().encode(PROMPTS[6]))
         out = llm.generate(PROMPTS[6], greedy(200, ignore_eos=True), use_tqdm=False)[0].outputs[0]

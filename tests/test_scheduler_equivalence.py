@@ -4,8 +4,8 @@ of each request generated alone, token for token."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import PROMPTS, greedy
+
 from draftwise import LLM
 
 # Different lengths so that requests finish at different steps; PROMPTS[3] is the EOS

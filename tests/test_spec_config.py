@@ -14,8 +14,9 @@ def parse(raw, tp=1):
 def test_ngram_defaults_like_vllm():
     cfg = parse({"method": "ngram", "num_speculative_tokens": 3})
     assert (cfg.options.prompt_lookup_min, cfg.options.prompt_lookup_max) == (5, 5)
-    assert parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}).options.prompt_lookup_min == 4
-    assert parse({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2}).options.prompt_lookup_max == 2
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    assert parse({**ngram, "prompt_lookup_max": 4}).options.prompt_lookup_min == 4
+    assert parse({**ngram, "prompt_lookup_min": 2}).options.prompt_lookup_max == 2
 
 
 def test_json_text_is_accepted():
@@ -70,11 +71,11 @@ def test_bad_configs_are_rejected_with_the_key(raw, words):
         assert word in str(info.value)
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "mtp", "deepseek_mtp", "dflash",
-                                    "extract_hidden_states"])
-def test_unbuilt_methods_say_not_implemented(method):
-    with pytest.raises(ValueError, match="not implemented yet"):
-        parse({"method": method, "num_speculative_tokens": 2, "model": "x"})
+def test_mtp_aliases_and_default_model():
+    cfg = parse({"method": "deepseek_mtp", "num_speculative_tokens": 1})
+    assert cfg.method == "mtp" and cfg.model is None
+    assert SpeculativeConfig.from_value({"method": "mtp", "num_speculative_tokens": 1},
+                                        target_model="/some/target").model == "/some/target"
 
 
 def test_engine_config_parses_it_and_rejects_bad_values():

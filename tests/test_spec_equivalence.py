@@ -15,24 +15,49 @@ MAX_TOKENS = [30, 12, 40, 16, 8, 24, 36, 20]
 REPEAT_PROMPT = "one two three four five six " * 6
 
 
-def spec_configs(draft_dir) -> dict:
+def spec_configs(dirs: dict) -> dict:
+    """One config per registered method (``dirs``: the ``spec_dirs`` fixture)."""
     return {
         "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
         "suffix": {"method": "suffix", "num_speculative_tokens": 6},
-        "draft_model": {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 3},
+        "draft_model": {"method": "draft_model", "model": str(dirs["draft"]), "num_speculative_tokens": 3},
+        "eagle": {"method": "eagle", "model": str(dirs["eagle"]), "num_speculative_tokens": 3},
+        "eagle3": {"method": "eagle3", "model": str(dirs["eagle3"]), "num_speculative_tokens": 4,
+                   "disable_padded_drafter_batch": True},
+        "medusa": {"method": "medusa", "model": str(dirs["medusa"])},
+        "mtp": {"method": "mtp", "model": str(dirs["mtp_target"]), "num_speculative_tokens": 4},
+        "dflash": {"method": "dflash", "model": str(dirs["dflash"])},
     }
 
 
-def test_every_registered_method_is_covered(tiny_draft_dir):
-    assert sorted(spec_configs(tiny_draft_dir)) == registered_methods()
+# Methods that never draft (one output token per request), tested in their own file.
+NON_DRAFTING = {"extract_hidden_states"}
 
 
-@pytest.fixture(scope="module", params=["ngram", "suffix", "draft_model", "draft_model_self"])
-def spec_llm(request, tiny_model_dir, tiny_draft_dir):
-    if request.param == "draft_model_self":
-        config = {"method": "draft_model", "model": str(tiny_model_dir), "num_speculative_tokens": 4}
+def drafting_methods() -> list[str]:
+    return [m for m in registered_methods() if m not in NON_DRAFTING]
+
+
+def test_every_registered_method_is_covered(spec_dirs):
+    assert sorted(spec_configs(spec_dirs)) == drafting_methods()
+
+
+EXTRA_CONFIGS = {
+    "draft_model_self": lambda dirs, target: {"method": "draft_model", "model": target, "num_speculative_tokens": 4},
+    # speculators format, method and num_speculative_tokens read from its config.json
+    "eagle3_speculators": lambda dirs, target: {"model": str(dirs["eagle3_speculators"])},
+    "medusa_vllm": lambda dirs, target: {"method": "medusa", "model": str(dirs["medusa_vllm"]),
+                                         "num_speculative_tokens": 2},
+}
+
+
+@pytest.fixture(scope="module", params=["ngram", "suffix", "draft_model", "draft_model_self", "eagle", "eagle3",
+                                        "eagle3_speculators", "medusa", "medusa_vllm", "mtp", "dflash"])
+def spec_llm(request, tiny_model_dir, spec_dirs):
+    if request.param in EXTRA_CONFIGS:
+        config = EXTRA_CONFIGS[request.param](spec_dirs, str(tiny_model_dir))
     else:
-        config = spec_configs(tiny_draft_dir)[request.param]
+        config = spec_configs(spec_dirs)[request.param]
     return LLM(model=str(tiny_model_dir), dtype="float32", seed=0, speculative_config=config)
 
 
@@ -90,9 +115,9 @@ def test_logprobs_equal_plain(spec_llm, tiny_llm):
             assert a[tid].logprob == pytest.approx(b[tid].logprob, abs=1e-4)
 
 
-def test_preemption_keeps_outputs(tiny_model_dir, tiny_draft_dir, plain_outputs):
+def test_preemption_keeps_outputs(tiny_model_dir, spec_dirs, plain_outputs):
     prompts, params, expected = plain_outputs
-    for config in spec_configs(tiny_draft_dir).values():
+    for config in spec_configs(spec_dirs).values():
         llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config,
                   kv_cache_memory_bytes=12 * 16 * 2 * 2 * 2 * 16 * 4 * 2)  # 12 blocks: target + draft
         assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == expected

@@ -4,8 +4,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from conftest import PROMPTS, greedy
+
 from draftwise import LLM
 
 KEYS = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",

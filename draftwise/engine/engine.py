@@ -13,6 +13,7 @@ rolls rejected positions back (see ``speculation.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -65,7 +66,7 @@ class LLMEngine:
         num_blocks = kv_bytes // (per_token * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.eos_token_ids)
+                                  self.eos_token_ids, config.rejection_sampler)
         if self.speculator:
             self.speculator.bind(self.block_manager)
             self.speculator.calibrate(self.runner)
@@ -87,7 +88,8 @@ class LLMEngine:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,
                             dtype=self.dtype, vocab_size=self.hf_config.vocab_size,
                             max_model_len=self.max_model_len, block_size=self.config.block_size,
-                            tensor_parallel_size=self.config.tensor_parallel_size)
+                            tensor_parallel_size=self.config.tensor_parallel_size,
+                            model_path=self.config.model_path, kv_transfer=self.config.kv_transfer)
         return Speculator(self.config.speculative, target)
 
     # ------------------------------------------------------------------ requests
@@ -97,6 +99,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in the engine")
         text, token_ids = self._tokenize(prompt)
+        if self.config.kv_transfer and self.config.kv_transfer.prefill_only:
+            params = dataclasses.replace(params, max_tokens=1, min_tokens=0)  # a producer only prefills
         self._check_fits(token_ids, params)
         arrival = arrival_time or time.time()
         seqs = []
@@ -135,10 +139,11 @@ class LLMEngine:
             spec.on_verified(result)
             for seq in plan.preempted:
                 spec.on_finished(seq)
-        for seq in self.output_processor.append(result):
-            self._release(seq)
+        finished = self.output_processor.append(result)
         if spec:
-            spec.propose(result)
+            spec.propose(result)  # before finished sequences are released: their last rows still count
+        for seq in finished:
+            self._release(seq)
         touched = dict.fromkeys(s.request_id for s in result.seqs)
         outputs = []
         for rid in touched:

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers.attention import build_metadata
+from ..layers.attention import AttentionMetadata, build_metadata
 from ..layers.sampler import sample
 from ..spec.interface import ProposerNeeds, TargetHidden
 from ..spec.rejection_sampler import VerifyInput, rejection_sample
+from ..spec.verify_config import RejectionSamplerConfig
 from .sampling_inputs import build_sampling_metadata
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
@@ -48,8 +49,9 @@ class ForwardInput:
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, dtype: torch.dtype, num_blocks: int,
-                 block_size: int, eos_token_ids: set[int]):
+                 block_size: int, eos_token_ids: set[int], verify_config: RejectionSamplerConfig | None = None):
         self.model = model
+        self.verify_config = verify_config  # block / entropy verify of sampled drafts; None: standard
         self.device, self.dtype = device, dtype
         self.block_size = block_size
         self.eos_token_ids = sorted(eos_token_ids)
@@ -68,20 +70,7 @@ class ModelRunner:
     def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         """Run a ragged batch; returns (hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens)."""
-        input_ids, positions, cu = [], [], [0]
-        for item in batch:
-            input_ids.extend(item.token_ids)
-            positions.extend(range(item.start, item.start + len(item.token_ids)))
-            cu.append(len(input_ids))
-        width = max(len(item.block_ids) for item in batch)
-        table = torch.full((len(batch), width), -1, dtype=torch.int64)
-        for i, item in enumerate(batch):
-            table[i, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int64)
-        meta = build_metadata(table, [len(b.token_ids) for b in batch],
-                              [b.start + len(b.token_ids) for b in batch],
-                              self.block_size, self.sliding_window, self.device)
-        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device)
         hidden, aux = self.model(ids, pos, self.kv_cache, meta, aux_layer_ids)
         return hidden, aux, cu
 
@@ -94,7 +83,8 @@ class ModelRunner:
         hidden, aux, cu = self.forward(batch, aux_ids)
         target_hidden = None
         if needs and (needs.hidden_states or aux_ids):
-            target_hidden = TargetHidden(hidden, aux, cu, [s.seq for s in scheduled])
+            target_hidden = TargetHidden(hidden, aux, cu, [s.seq for s in scheduled],
+                                         [s.seq.num_computed_tokens for s in scheduled])
         sampling = [(i, s) for i, s in enumerate(scheduled) if s.samples]
         if not sampling:
             return StepResult([], [], [], target_hidden=target_hidden)
@@ -107,7 +97,7 @@ class ModelRunner:
             out = sample(logits, meta)
             token_rows, token_ids = out.token_ids, [[t] for t in out.token_ids.tolist()]
         else:
-            verified = rejection_sample(logits, meta, _verify_input(seqs, drafts, self.device))
+            verified = rejection_sample(logits, meta, _verify_input(seqs, drafts, self.device), self.verify_config)
             token_rows = verified.row_token_ids
             token_ids = [row[:n + 1] for row, n in zip(verified.token_ids.tolist(),
                                                        verified.num_accepted.tolist())]
@@ -115,6 +105,26 @@ class ModelRunner:
         if meta.max_num_logprobs is not None:
             _add_logprobs(result, logits, token_rows, meta.max_num_logprobs, drafts)
         return result
+
+
+def prepare_batch(batch: list[ForwardInput], block_size: int, sliding_window: int | None,
+                  device: torch.device, causal: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    """Flatten a ragged batch: (input ids [num_tokens], positions [num_tokens], metadata, cu_num_tokens)."""
+    input_ids, positions, cu = [], [], [0]
+    for item in batch:
+        input_ids.extend(item.token_ids)
+        positions.extend(range(item.start, item.start + len(item.token_ids)))
+        cu.append(len(input_ids))
+    width = max(len(item.block_ids) for item in batch)
+    table = torch.full((len(batch), width), -1, dtype=torch.int64)
+    for i, item in enumerate(batch):
+        table[i, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int64)
+    meta = build_metadata(table, [len(b.token_ids) for b in batch], [b.start + len(b.token_ids) for b in batch],
+                          block_size, sliding_window, device, causal)
+    ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+    pos = torch.tensor(positions, dtype=torch.int64, device=device)
+    return ids, pos, meta, cu
 
 
 def _verify_input(seqs: list[Sequence], drafts: list[list[int]], device: torch.device) -> VerifyInput:

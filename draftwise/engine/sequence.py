@@ -56,6 +56,7 @@ class Sequence:
         self.num_accepted_tokens = 0
         self.draft_accepted = 0.0  # decayed counts behind the draft length policy's acceptance estimate
         self.draft_tried = 0.0
+        self.kv_transfer_params: dict | None = None  # what a proposer handed over (hidden states file)
 
     def reset_speculation(self) -> None:
         """Forget drafts and drafter state (after preemption, the KV is recomputed from scratch)."""

@@ -83,14 +83,16 @@ class Speculator:
 
     def propose(self, result: StepResult) -> None:
         seqs = [seq for seq in result.seqs if not seq.is_finished]
-        if not seqs:
-            return
+        if not seqs and result.target_hidden is None:
+            return  # (a proposer reading hidden states still sees the rows of prefill chunks)
         limits = []
         for seq in seqs:
             self.block_manager.trim(seq, seq.num_tokens)
             seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_tokens - 1)
             limits.append(self._max_num_drafts(seq))
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
+        if not seqs:
+            return
         token_rows = drafts.token_ids.tolist()
         for i, seq in enumerate(seqs):
             num = min(drafts.num_draft_tokens[i], limits[i])

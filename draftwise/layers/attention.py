@@ -45,8 +45,11 @@ class AttentionMetadata:
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
                    query_lens: list[int], context_lens: list[int], block_size: int,
-                   sliding_window: int | None, device: torch.device) -> AttentionMetadata:
-    """Flatten the scheduled batch into the index tensors every layer shares."""
+                   sliding_window: int | None, device: torch.device, causal: bool = True) -> AttentionMetadata:
+    """Flatten the scheduled batch into the index tensors every layer shares.
+
+    ``causal=False`` lets every query see its sequence's whole context, the other queries
+    of its block included (DFlash drafts a block non-causally)."""
     max_q, max_ctx = max(query_lens), max(context_lens)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
@@ -65,7 +68,7 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
         cu_q = torch.cumsum(q_lens, 0) - q_lens
         query_index = torch.where(q_valid, cu_q[:, None] + q_offset[None, :], cu_q[:, None])
         query_unpad_index = torch.arange(q_valid.numel()).view_as(q_valid)[q_valid]
-    mask, sliding_mask = _masks(key_pos, key_valid, query_pos, sliding_window,
+    mask, sliding_mask = _masks(key_pos, key_valid, query_pos if causal else None, sliding_window,
                                 need_mask=max_q > 1 or min(context_lens) != max_ctx)
     num_ctx_blocks = -(-max_ctx // block_size)
     table = block_tables[:, :num_ctx_blocks].clamp_min(0)
@@ -81,9 +84,11 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
 
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
            key_valid: torch.Tensor,  # [num_seqs, max_ctx]
-           query_pos: torch.Tensor,  # [num_seqs, max_q]
+           query_pos: torch.Tensor | None,  # [num_seqs, max_q]; None: not causal
            sliding_window: int | None, need_mask: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Causal (and sliding-window) masks ``[num_seqs, 1, max_q, max_ctx]``; None where all-True."""
+    if query_pos is None:  # non-causal: every valid key, for every query
+        return (key_valid[:, None, None, :] if need_mask else None), None
     windowed = sliding_window is not None and key_pos.numel() > sliding_window
     if not need_mask and not windowed:
         return None, None  # decode of equal-length contexts: every key is visible

@@ -7,8 +7,9 @@ Gemma3), sliding-window layers and logit soft-capping.
 
 ``forward`` takes a flat batch of tokens of many requests plus the step's
 ``AttentionMetadata``; it returns the final-norm hidden states ``[num_tokens,
-hidden]`` and, for the layer ids asked in ``aux_layer_ids``, the residual
-stream entering those layers (what EAGLE-3 and MTP drafters read).
+hidden]`` and, for the layer ids asked in ``aux_layer_ids`` (in that order),
+the residual stream entering those layers, id ``num_layers`` being the last
+layer's output before the final norm (what EAGLE-3 and DFlash drafters read).
 
 Precision: weights and matmuls run in the model dtype (bf16 or fp32); the
 residual stream and every norm stay in fp32, so bf16 runs drift less from
@@ -39,7 +40,11 @@ class ArchSpec:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, spec: ArchSpec, layer_type: str):
+    """Pre-norm attention + MLP block. Drafters reuse it: ``qkv_in_features`` widens the
+    attention input (EAGLE-3 attends over [embedding ; hidden], 2 * hidden), and ``attend`` /
+    ``feed_forward`` let them build the attention input themselves."""
+
+    def __init__(self, config, spec: ArchSpec, layer_type: str, qkv_in_features: int | None = None):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.num_heads = config.num_attention_heads
@@ -50,7 +55,7 @@ class DecoderLayer(nn.Module):
         self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
         bias = bool(getattr(config, "attention_bias", False))
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=bias or spec.qkv_bias)
+        self.qkv_proj = nn.Linear(qkv_in_features or hidden, q_size + 2 * kv_size, bias=bias or spec.qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=bias)
         inter, mlp_bias = config.intermediate_size, bool(getattr(config, "mlp_bias", False))
         self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
@@ -71,9 +76,14 @@ class DecoderLayer(nn.Module):
                 cos: torch.Tensor, sin: torch.Tensor,  # [num_tokens, 1, head_dim]
                 kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
                 meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        return self.feed_forward(x + self.attend(self.input_norm(x), cos, sin, kv_cache, meta))
+
+    def attend(self, h: torch.Tensor,  # [num_tokens, qkv_in_features] normed attention input
+               cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+               meta: AttentionMetadata) -> torch.Tensor:  # [num_tokens, hidden] to add to the residual
+        num_tokens = h.shape[0]
         dt = self.compute_dtype
-        qkv = self.qkv_proj(self.input_norm(x).to(dt))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+        qkv = self.qkv_proj(h.to(dt))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
         q_size, kv_size, _ = self.split
         v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:  # one rotary pass over the q and k heads together
@@ -86,10 +96,10 @@ class DecoderLayer(nn.Module):
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
         h = self.o_proj(attn)
-        if self.post_attn_norm is not None:
-            h = self.post_attn_norm(h)
-        x = x + h
-        gate, up = self.gate_up_proj(self.pre_mlp_norm(x).to(dt)).chunk(2, dim=-1)
+        return self.post_attn_norm(h) if self.post_attn_norm is not None else h
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden] fp32 residual
+        gate, up = self.gate_up_proj(self.pre_mlp_norm(x).to(self.compute_dtype)).chunk(2, dim=-1)
         h = self.down_proj(self.act(gate) * up)
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
@@ -153,13 +163,14 @@ class DecoderLM(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x.float()
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
-        aux = []
+        aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
-                aux.append(x)
+                aux[i] = x
             cos, sin = rope[self.layer_types[i]]
             x = layer(x, cos, sin, kv_caches[i], meta)
-        return self.norm(x), aux
+        aux[len(self.layers)] = x  # id num_layers: the last layer's output, before the final norm
+        return self.norm(x), [aux[i] for i in aux_layer_ids]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
         logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()

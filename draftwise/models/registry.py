@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig
 
 from ..layers.common import RMSNorm
@@ -86,7 +87,39 @@ def _source_tensor(name: str, weights: dict, sandwich: bool) -> torch.Tensor | N
     if name == "lm_head.weight":
         return weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
     _, idx, module, leaf = name.split(".", 3)  # layers.{i}.{module}.{weight|bias}
-    prefix = f"model.layers.{idx}."
+    return layer_tensor(weights, f"model.layers.{idx}.", module, leaf, sandwich)
+
+
+def load_layer(layer: nn.Module, weights: dict[str, torch.Tensor], prefix: str, what: str,
+               skip: tuple[str, ...] = ()) -> None:
+    """Fill a ``DecoderLayer`` from Hugging Face tensors named ``{prefix}self_attn.q_proj.weight`` etc.
+
+    ``skip`` names our modules that the checkpoint does not have (they keep their values);
+    a missing tensor raises ``ValueError`` naming it and ``what`` (the checkpoint)."""
+    for name, param in layer.named_parameters():
+        module, leaf = name.split(".", 1)
+        if module in skip:
+            continue
+        tensor = layer_tensor(weights, prefix, module, leaf, False)
+        if tensor is None:
+            raise ValueError(f"{what} is missing tensor {_missing(weights, prefix, module, leaf)}")
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(f"{what}: tensor for {prefix}{module}.{leaf} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(param.shape)}")
+        param.data = tensor.float()
+
+
+def _missing(weights: dict, prefix: str, module: str, leaf: str) -> str:
+    if module in _FUSED:
+        group = "self_attn." if module == "qkv_proj" else "mlp."
+        names = [f"{prefix}{group}{p}.{leaf}" for p in _FUSED[module]]
+        return next(n for n in names if n not in weights)
+    hf = "post_attention_layernorm" if module == "pre_mlp_norm" else _HF_NAMES[module]
+    return f"{prefix}{hf}.{leaf}"
+
+
+def layer_tensor(weights: dict, prefix: str, module: str, leaf: str, sandwich: bool) -> torch.Tensor | None:
+    """The checkpoint tensor (q/k/v and gate/up fused) behind one of our per-layer parameters."""
     if module in _FUSED:
         group = "self_attn." if module == "qkv_proj" else "mlp."
         parts = [weights.get(f"{prefix}{group}{p}.{leaf}") for p in _FUSED[module]]

@@ -41,6 +41,17 @@ class OpenAIServing:
             raise APIError(400, f"unsupported value for {unsupported[0]!r}: draftwise does not implement it",
                            param=unsupported[0])
 
+    def check_length(self, prompt_token_ids: list[int], max_tokens: int | None, param: str) -> None:
+        """As vLLM's server: the prompt plus ``max_tokens`` must fit in the context (else 400)."""
+        limit, num = self.engine.engine.max_model_len, len(prompt_token_ids)
+        if num >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the prompt has {num} "
+                           "tokens and leaves no room for output", param=param)
+        if max_tokens is not None and num + max_tokens > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; you requested "
+                           f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
+                           param="max_tokens")
+
     @staticmethod
     def sampling_params(request: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         def given(value, default):

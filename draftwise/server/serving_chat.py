@@ -39,6 +39,7 @@ class ChatServing(OpenAIServing):
         prompt = self._render(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        self.check_length(prompt["prompt_token_ids"], max_tokens, "messages")
         params = self.sampling_params(request, max_tokens, logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         handles = await self.add_requests(request_id, [prompt], params, "messages")

@@ -21,7 +21,9 @@ from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse
 class CompletionServing(OpenAIServing):
     async def create(self, request: CompletionRequest, is_disconnected):
         self.check_request(request)
-        prompts = _engine_prompts(request.prompt)
+        prompts = [self._tokenize(p) for p in _prompts(request.prompt)]
+        for prompt in prompts:
+            self.check_length(prompt["prompt_token_ids"], request.max_tokens, "prompt")
         params = self.sampling_params(request, request.max_tokens, request.logprobs)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         handles = await self.add_requests(request_id, prompts, params, "prompt")
@@ -43,6 +45,12 @@ class CompletionServing(OpenAIServing):
             logprobs = _completion_logprobs(completion, slice(0, None), request.logprobs, len(prefix))
         return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
                                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
+
+    def _tokenize(self, prompt) -> dict:
+        """Engine prompt with token ids; a string is tokenized exactly as the engine would."""
+        if isinstance(prompt, str):
+            return {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=True)}
+        return {"prompt_token_ids": prompt}
 
     def _prompt_text(self, out: RequestOutput) -> str:
         return out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
@@ -86,16 +94,14 @@ class CompletionServing(OpenAIServing):
         yield "data: [DONE]\n\n"
 
 
-def _engine_prompts(prompt) -> list:
+def _prompts(prompt) -> list[str | list[int]]:
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:
         raise APIError(400, "prompt must not be empty", param="prompt")
     if isinstance(prompt[0], int):
-        return [{"prompt_token_ids": prompt}]
-    if isinstance(prompt[0], str):
-        return list(prompt)
-    return [{"prompt_token_ids": ids} for ids in prompt]
+        return [prompt]
+    return list(prompt)
 
 
 def _completion_logprobs(completion: CompletionOutput, tokens: slice, num_top: int,

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class
 from .validate import PREFIX, check_bool, check_choice, check_int
 
@@ -35,10 +36,13 @@ class SpeculativeConfig:
     proposer_cls: type[Proposer] | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def from_value(cls, raw, target_tensor_parallel_size: int = 1) -> "SpeculativeConfig":
+    def from_value(cls, raw, target_tensor_parallel_size: int = 1,
+                   target_model: str | None = None) -> "SpeculativeConfig":
         raw = _as_dict(raw)
         method = _method(raw)
         proposer = proposer_class(method)
+        if proposer is not None and proposer.drafter_in_target and _model(raw) is None and target_model:
+            raw["model"] = str(target_model)
         if proposer is None:
             raise ValueError(f"{PREFIX}['method']={method!r}: this method is not implemented yet in "
                              f"draftwise; implemented: {_implemented()}")
@@ -76,8 +80,14 @@ def _as_dict(raw) -> dict:
 
 
 def _method(raw: dict) -> str:
-    if "method" not in raw:
-        raise ValueError(f"{PREFIX}: 'method' is required; allowed: {list(METHODS)}")
+    if raw.get("method") is None:  # as vLLM: a drafter's config may say what it is
+        model = _model(raw)
+        method = infer_method(model) if model else None
+        if method is None:
+            raise ValueError(f"{PREFIX}: 'method' is required (it could not be inferred from 'model'); "
+                             f"allowed: {list(METHODS)}")
+        raw["method"] = method
+        return method
     method = raw["method"]
     if isinstance(method, str) and method.endswith("_mtp"):
         return "mtp"  # deepseek_mtp, qwen3_next_mtp, ...: legacy names of the same method
@@ -92,7 +102,7 @@ def _implemented() -> list[str]:
 def _num_tokens(raw: dict, proposer: type[Proposer], options) -> int:
     value = raw.get("num_speculative_tokens")
     if value is None:
-        value = proposer.default_num_speculative_tokens(options)
+        value = speculators_num_tokens(_model(raw)) or proposer.default_num_speculative_tokens(options, _model(raw))
         if value is None:
             raise ValueError(f"{PREFIX}: 'num_speculative_tokens' is required for method "
                              f"{proposer.method!r} (an int >= 1)")

@@ -57,6 +57,8 @@ class TargetInfo:
     max_model_len: int
     block_size: int
     tensor_parallel_size: int = 1
+    model_path: Any = None  # the target's local directory (MTP layers live in its checkpoint)
+    kv_transfer: Any = None  # KVTransferConfig: where extract_hidden_states writes
 
 
 @dataclass
@@ -66,6 +68,7 @@ class TargetHidden:
     aux_hidden_states: list[torch.Tensor]  # each [num_tokens, hidden_size]
     cu_num_tokens: list[int]  # [num_seqs + 1]: rows of seqs[i] are cu[i]:cu[i+1]
     seqs: list["Sequence"]  # every sequence scheduled this step, in row order
+    starts: list[int]  # position of the first row of seqs[i] (rows are consecutive positions)
 
 
 @dataclass
@@ -101,6 +104,7 @@ class Proposer(ABC):
     """Base class of every speculative method (see the module docstring for the contract)."""
     method: ClassVar[str]
     needs: ClassVar[ProposerNeeds] = ProposerNeeds()
+    drafter_in_target: ClassVar[bool] = False  # True: ``model`` defaults to the target's checkpoint (MTP)
 
     @dataclass
     class Options:
@@ -112,8 +116,9 @@ class Proposer(ABC):
         self.target = target
 
     @classmethod
-    def default_num_speculative_tokens(cls, options) -> int | None:
-        """Used when ``num_speculative_tokens`` is omitted; None makes it required."""
+    def default_num_speculative_tokens(cls, options, model: str | None) -> int | None:
+        """Used when ``num_speculative_tokens`` is omitted (``model``: the drafter path, if any);
+        None makes it required."""
         return None
 
     @classmethod

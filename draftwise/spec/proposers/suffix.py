@@ -46,7 +46,7 @@ class SuffixProposer(Proposer):
             check_float("suffix_decoding_min_token_prob", self.suffix_decoding_min_token_prob, 0.0, 1.0)
 
     @classmethod
-    def default_num_speculative_tokens(cls, options) -> int:
+    def default_num_speculative_tokens(cls, options, model) -> int:
         return options.suffix_decoding_max_tree_depth
 
     def __init__(self, config, target):

@@ -1,0 +1,190 @@
+"""Autoregressive hidden-state drafters (EAGLE, EAGLE-3, MTP): the shared engine side.
+
+Drafter position ``p`` reads token ``p + 1`` and a hidden state for position
+``p``, writes its own K/V at slot ``p`` of the sequence's blocks (a parallel
+cache in the shared paged pool), and its output predicts token ``p + 2``.
+
+Each engine step, ``ChainProposer.propose``:
+
+1. *Ingests* the target rows computed this step (``TargetHidden``): for every
+   scheduled sequence, positions ``[drafter_num_computed_tokens, end)`` where
+   ``end`` is the last position that has both a target hidden state and a next
+   token (rejected draft rows are never read: rollback is free). Prefill chunks
+   that sample nothing are ingested too. One batched drafter forward.
+2. *Drafts* a chain for each sequence that decodes next: the first draft
+   comes from the ingested output at position ``num_tokens - 2``; step ``s``
+   then runs at position ``num_tokens - 2 + s`` on draft ``s`` and the
+   previous output (see ``_chain`` for drafters with one layer per step).
+   ``disable_padded_drafter_batch`` (default False, as in vLLM) chooses the
+   batch shape: padded keeps every sequence in each step
+   until the longest chain is done (a finished row reruns at a slot the next
+   ingestion rewrites), ragged drops sequences as they finish. Drafts are
+   identical either way; ragged does less work.
+
+Drafts are the drafter's argmax (one-hot, verified losslessly). Drafter
+positions past ``num_tokens - 2`` are speculative and are overwritten when
+the real hidden states arrive, so the engine only clips
+``drafter_num_computed_tokens``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..engine.model_runner import ForwardInput, prepare_batch
+from ..layers.attention import AttentionMetadata
+from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
+
+
+@dataclass
+class IngestBatch:
+    token_ids: torch.Tensor  # [num_rows] token p + 1 of each ingested position p
+    positions: torch.Tensor  # [num_rows]
+    target_features: torch.Tensor  # [num_rows, feature_size] what the target gives for position p
+    meta: AttentionMetadata
+    cu_num_rows: list[int]  # rows of seq_ids[i] are cu[i]:cu[i+1]
+    seq_ids: list[int]
+
+
+class ChainModel(nn.Module):
+    """What a chain drafter's network provides; ``layers`` are its ``DecoderLayer``s (one KV cache each)."""
+
+    layers: nn.ModuleList
+
+    def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden]
+        raise NotImplementedError
+
+    def step(self, step: int, token_ids: torch.Tensor, positions: torch.Tensor,
+             hidden: torch.Tensor,  # [num_rows, hidden] the previous step's output
+             kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:  # [num_rows, hidden]
+        raise NotImplementedError
+
+    def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows] target token ids
+        raise NotImplementedError
+
+    def cache_index(self, step: int) -> int:
+        """Which of ``layers`` (and its KV cache) chain step ``step`` runs."""
+        return 0
+
+    def release(self, seq_id: int) -> None:
+        """Forget per-sequence state, if any."""
+
+    def tracked(self) -> set[int]:
+        return set()
+
+
+class ChainProposer(Proposer):
+    """Base of the chain drafters; a subclass builds ``self.model`` and says what it reads."""
+
+    model: ChainModel
+
+    def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
+        """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
+        some (EAGLE-3, DFlash), else the final-norm hidden state (EAGLE, MTP)."""
+        if hidden.aux_hidden_states:
+            return torch.cat([aux[rows] for aux in hidden.aux_hidden_states], dim=-1)
+        return hidden.hidden_states[rows]
+
+    def kv_bytes_per_token(self) -> int:
+        layer = self.model.layers[0]
+        return len(self.model.layers) * 2 * layer.num_kv_heads * layer.head_dim * self.target.dtype.itemsize
+
+    def bind_kv_pool(self, num_blocks: int) -> None:
+        layer = self.model.layers[0]
+        shape = (len(self.model.layers), 2, num_blocks * self.target.block_size, layer.num_kv_heads,
+                 layer.head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.target.dtype, device=self.target.device)
+
+    def on_finished(self, seq) -> None:
+        self.model.release(seq.seq_id)
+
+    def tracked_seq_ids(self) -> set[int]:
+        return self.model.tracked()
+
+    @torch.inference_mode()
+    def propose(self, batch: ProposeBatch) -> DraftBatch:
+        last = self._ingest(batch.target_hidden) if batch.target_hidden is not None else {}
+        limits = [limit if seq.seq_id in last else 0 for seq, limit in zip(batch.seqs, batch.max_num_drafts)]
+        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        rows = [i for i, limit in enumerate(limits) if limit > 0]
+        if rows:
+            hidden = torch.stack([last[batch.seqs[i].seq_id] for i in rows])  # [num_rows, hidden]
+            self._chain(batch.seqs, rows, limits, hidden, drafts)
+        return DraftBatch.from_lists(drafts)
+
+    def _ingest(self, target: TargetHidden) -> dict[int, torch.Tensor]:
+        """Run the drafter over this step's new target rows; the output at ``num_tokens - 2`` per sequence."""
+        prepared = self.ingest_batch(target)
+        if prepared is None:
+            return {}
+        batch, seqs = prepared
+        out = self.model.ingest(batch, self.kv_cache)
+        return {seq.seq_id: out[batch.cu_num_rows[j + 1] - 1] for j, seq in enumerate(seqs)
+                if seq.drafter_num_computed_tokens == seq.num_tokens - 1}
+
+    def ingest_batch(self, target: TargetHidden) -> tuple[IngestBatch, list] | None:
+        """The rows to ingest this step (and their sequences, whose drafter position advances), or None."""
+        inputs, rows, seqs = [], [], []
+        for i, seq in enumerate(target.seqs):
+            if seq.is_finished:
+                continue
+            start, first_row = target.starts[i], target.cu_num_tokens[i]
+            done = seq.drafter_num_computed_tokens
+            end = min(start + target.cu_num_tokens[i + 1] - first_row, seq.num_tokens - 1)
+            if done < start:
+                raise RuntimeError(f"{self.method} drafter of {seq} saw positions < {done}, but the target "
+                                   f"rows of this step start at {start}")
+            if end > done:
+                inputs.append(ForwardInput(seq.all_token_ids[done + 1:end + 1], done, seq.block_ids))
+                rows.extend(range(first_row + done - start, first_row + end - start))
+                seqs.append(seq)
+        if not inputs:
+            return None
+        ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+        features = self.target_features(target, torch.tensor(rows, device=target.hidden_states.device))
+        for seq, item in zip(seqs, inputs):
+            seq.drafter_num_computed_tokens = item.start + len(item.token_ids)
+        return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
+
+    def _chain(self, seqs, rows: list[int], limits: list[int], hidden: torch.Tensor,
+               drafts: list[list[int]]) -> None:
+        """Steps 1..k-1 of the chain, batched over ``rows`` (indices into ``seqs``).
+
+        Step ``s`` runs cache layer ``model.cache_index(s)`` at position ``num_tokens - 2 + s``. A layer
+        that skipped positions this round (MTP with several layers) first fills them from the chain's
+        own values, so its K/V never has holes: position ``p`` reads draft ``p - num_tokens + 2`` and
+        the chain output at ``p - 1``."""
+        outputs = [[h] for h in hidden]  # per row: chain outputs at positions num_tokens - 2, - 1, ...
+        for row, token in zip(rows, self.model.draft_ids(0, hidden).tolist()):
+            drafts[row].append(token)
+        padded = not self.config.disable_padded_drafter_batch
+        written: dict[int, list[int]] = {}  # cache layer -> per row, last position written this round
+        step = 1
+        while True:
+            live = [j for j, i in enumerate(rows) if len(drafts[i]) < limits[i]]
+            if not live:
+                return
+            keep = list(range(len(rows))) if padded else live
+            last = written.setdefault(self.model.cache_index(step), [seqs[i].num_tokens - 2 for i in rows])
+            inputs, inputs_hidden = [], []
+            for j in keep:
+                seq, chain, base = seqs[rows[j]], drafts[rows[j]], seqs[rows[j]].num_tokens - 2
+                if len(chain) >= limits[rows[j]]:  # finished (padded): a slot the next ingestion rewrites
+                    inputs.append(ForwardInput([chain[-1]], base + 1, seq.block_ids))
+                    inputs_hidden.append(outputs[j][-1])
+                    continue
+                span = range(last[j] + 1, base + step + 1)
+                inputs.append(ForwardInput([chain[p - base - 1] for p in span], span.start, seq.block_ids))
+                inputs_hidden.extend(outputs[j][p - 1 - base] for p in span)
+                last[j] = base + step
+            ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+            out = self.model.step(step, ids, pos, torch.stack(inputs_hidden), self.kv_cache, meta)
+            ends = out[torch.tensor(cu[1:], device=out.device) - 1]  # [len(keep), hidden]
+            tokens = self.model.draft_ids(step, ends).tolist()
+            for n, j in enumerate(keep):
+                if len(drafts[rows[j]]) < limits[rows[j]]:
+                    drafts[rows[j]].append(tokens[n])
+                    outputs[j].append(ends[n])
+            step += 1

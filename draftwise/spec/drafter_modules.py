@@ -1,0 +1,80 @@
+"""Building blocks the hidden-state drafters share: layers from checkpoints, rope, device placement.
+
+``decoder_layer`` makes a ``DecoderLayer`` for a drafter config and fills it
+from Hugging Face-named tensors under a prefix; ``norm``, ``linear`` and
+``own_embedding`` read single tensors with their shapes checked; ``place``
+moves a drafter to the target's device and dtype with norms kept in fp32;
+``RopeCache`` looks up cos/sin for a batch's positions; ``check_width``
+compares a drafter dimension with the target's and names both.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..layers.common import RMSNorm, rope_tables
+from ..models.decoder import ArchSpec, DecoderLayer
+from ..models.registry import load_layer
+from .drafter_checkpoint import DrafterCheckpoint
+
+
+def decoder_layer(ckpt: DrafterCheckpoint, config, prefix: str, qkv_in_features: int | None = None,
+                  qk_norm: bool = False, skip: tuple[str, ...] = ()) -> DecoderLayer:
+    layer = DecoderLayer(config, ArchSpec(qk_norm=qk_norm), "full_attention", qkv_in_features)
+    load_layer(layer, ckpt.tensors, prefix, ckpt.what, skip=skip)
+    return layer
+
+
+def norm(ckpt: DrafterCheckpoint, name: str, dim: int, eps: float) -> RMSNorm:
+    module = RMSNorm(dim, eps)
+    module.weight.data = ckpt.get(name, (dim,)).float()
+    return module
+
+
+def linear(ckpt: DrafterCheckpoint, name: str, out_features: int, in_features: int,
+           bias: str | None = None) -> nn.Linear:
+    """``nn.Linear`` from ``{name}`` [out, in] (and an optional bias tensor, if the checkpoint has it)."""
+    has_bias = bias is not None and bias in ckpt.tensors
+    module = nn.Linear(in_features, out_features, bias=has_bias)
+    module.weight.data = ckpt.get(name, (out_features, in_features)).float()
+    if has_bias:
+        module.bias.data = ckpt.get(bias, (out_features,)).float()
+    return module
+
+
+def own_embedding(ckpt: DrafterCheckpoint, name: str, target_embed: nn.Embedding) -> nn.Embedding | None:
+    """The drafter's own embedding table if the checkpoint has one (else it shares the target's)."""
+    if name not in ckpt.tensors:
+        return None
+    own = nn.Embedding(*target_embed.weight.shape)
+    own.weight.data = ckpt.get(name, tuple(target_embed.weight.shape)).float()
+    return own
+
+
+def place(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """Move ``module`` to the target's device/dtype, RMSNorm weights kept in fp32. Drafters hold
+    the target modules they share (embedding, lm_head) outside their module tree, so those stay."""
+    saved = [(m, m.weight.data) for m in module.modules() if isinstance(m, RMSNorm)]
+    module.to(device=device, dtype=dtype)
+    for m, weight in saved:
+        m.weight.data = weight.to(device)
+    for m in module.modules():
+        if isinstance(m, DecoderLayer):
+            m.compute_dtype = dtype
+    module.requires_grad_(False)
+    return module.eval()
+
+
+class RopeCache:
+    def __init__(self, config, head_dim: int, max_positions: int, device: torch.device, dtype: torch.dtype):
+        cos, sin = rope_tables(config, head_dim, "full_attention", max_positions)
+        self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [num_rows, 1, head_dim]
+
+
+def check_width(ckpt: DrafterCheckpoint, what: str, value: int, target_value: int) -> None:
+    if value != target_value:
+        raise ValueError(f"{ckpt.what}: {what} is {value} but the target's is {target_value}; this drafter "
+                         "was made for another model")

@@ -1,0 +1,137 @@
+"""``medusa``: extra heads on the target's last hidden state, head ``i`` guessing token ``i + 1`` ahead.
+
+Head ``i`` = residual blocks ``x + SiLU(W x + b)`` then its own lm_head, all
+reading the same final-norm hidden state of the target; drafts are each
+head's top-1 (a chain, as vLLM). No KV cache and no drafter forward over the
+context: the row the target computed at position ``num_tokens - 2`` is all
+it reads.
+
+Checkpoints (a local directory, ``*.safetensors`` or ``medusa_lm_head.pt``):
+- original FasterDecoding/Medusa: ``medusa_head.{i}.{j}.linear.{weight,bias}``
+  for ``j < medusa_num_layers`` and ``medusa_head.{i}.{medusa_num_layers}.weight``
+  (the lm_head); config ``medusa_num_heads``, ``medusa_num_layers``;
+- vLLM: ``blocks.{i}.layers.{j}.weight`` (``.bias`` with ``medusa_fc_bias``),
+  ``lm_heads.{i}.weight``, and ``token_map`` when ``truncated_vocab_size``
+  makes the heads' vocabulary a subset of the target's.
+``num_speculative_tokens`` defaults to the number of heads and may not exceed it.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, read_config, require_model
+from ..drafter_modules import check_width, linear, place
+from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
+from ..validate import PREFIX
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, ckpt: DrafterCheckpoint, hidden: int, vocab: int):
+        super().__init__()
+        original = any(k.startswith("medusa_head.") for k in ckpt.tensors)
+        num_heads, num_layers = _count(ckpt, original)
+        head_vocab = ckpt.get(f"medusa_head.0.{num_layers}.weight" if original else "lm_heads.0.weight").shape[0]
+        self.blocks = nn.ModuleList()
+        self.lm_heads = nn.ModuleList()
+        for i in range(num_heads):
+            if original:
+                names = [(f"medusa_head.{i}.{j}.linear.weight", f"medusa_head.{i}.{j}.linear.bias")
+                         for j in range(num_layers)]
+                head = f"medusa_head.{i}.{num_layers}.weight"
+            else:
+                names = [(f"blocks.{i}.layers.{j}.weight", f"blocks.{i}.layers.{j}.bias") for j in range(num_layers)]
+                head = f"lm_heads.{i}.weight"
+            self.blocks.append(nn.ModuleList(linear(ckpt, w, hidden, hidden, bias=b) for w, b in names))
+            self.lm_heads.append(linear(ckpt, head, head_vocab, hidden))
+        if "token_map" in ckpt.tensors:
+            token_map = ckpt.get("token_map", (head_vocab,)).to(torch.int64)
+        else:
+            check_width(ckpt, "the heads' vocabulary size", head_vocab, vocab)
+            token_map = torch.arange(vocab)
+        self.register_buffer("token_map", token_map, persistent=False)
+
+    def forward(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:  # [num_rows, H] -> [num_rows, heads]
+        dtype = self.lm_heads[0].weight.dtype
+        out = []
+        for blocks, lm_head in zip(self.blocks[:num_heads], self.lm_heads[:num_heads]):
+            x = hidden.to(dtype)
+            for block in blocks:
+                x = x + F.silu(block(x))
+            out.append(lm_head(x).argmax(dim=-1))
+        return self.token_map[torch.stack(out, dim=1)]
+
+
+def _count(ckpt: DrafterCheckpoint, original: bool) -> tuple[int, int]:
+    pattern = r"medusa_head\.(\d+)\.(\d+)\." if original else r"blocks\.(\d+)\.layers\.(\d+)\."
+    found = [tuple(map(int, m.groups())) for k in ckpt.tensors if (m := re.match(pattern, k))]
+    if not found:
+        raise ValueError(f"{ckpt.what} has neither medusa_head.{{i}}.{{j}}.linear.* (original Medusa) nor "
+                         "blocks.{i}.layers.{j}.* (vLLM) tensors")
+    num_heads = 1 + max(i for i, _ in found)
+    num_layers = 1 + max(j for _, j in found)
+    if original:
+        num_layers = num_layers - 1  # the last index of each head is its lm_head
+    return num_heads, num_layers
+
+
+@register
+class MedusaProposer(Proposer):
+    method = "medusa"
+    needs = ProposerNeeds(hidden_states=True)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        require_model(config.model, cls.method)
+        num_heads = _declared_heads(config.model)
+        if num_heads is not None and config.num_speculative_tokens > num_heads:
+            raise ValueError(f"{PREFIX}['num_speculative_tokens']={config.num_speculative_tokens} is invalid: "
+                             f"the Medusa checkpoint has {num_heads} heads (at most one draft per head)")
+
+    @classmethod
+    def default_num_speculative_tokens(cls, options, model) -> int | None:
+        return _declared_heads(model) if model else None
+
+    def __init__(self, config, target):
+        super().__init__(config, target)
+        ckpt = load_drafter(config.model, self.method)
+        self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size),
+                           target.device, target.dtype)
+        if config.num_speculative_tokens > len(self.heads.lm_heads):
+            raise ValueError(f"{PREFIX}['num_speculative_tokens']={config.num_speculative_tokens} is invalid: "
+                             f"{ckpt.what} has {len(self.heads.lm_heads)} heads")
+
+    @torch.inference_mode()
+    def propose(self, batch: ProposeBatch) -> DraftBatch:
+        target = batch.target_hidden
+        index = {seq.seq_id: i for i, seq in enumerate(target.seqs)} if target is not None else {}
+        rows, owners = [], []
+        for n, (seq, limit) in enumerate(zip(batch.seqs, batch.max_num_drafts)):
+            i = index.get(seq.seq_id)
+            if limit <= 0 or i is None:
+                continue
+            row = target.cu_num_tokens[i] + seq.num_tokens - 2 - target.starts[i]
+            if target.cu_num_tokens[i] <= row < target.cu_num_tokens[i + 1]:
+                rows.append(row)
+                owners.append(n)
+        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        if rows:
+            num_heads = max(batch.max_num_drafts[n] for n in owners)
+            ids = self.heads(target.hidden_states[torch.tensor(rows)], num_heads).tolist()  # [num_rows, heads]
+            for n, row_ids in zip(owners, ids):
+                drafts[n] = row_ids[:batch.max_num_drafts[n]]
+        return DraftBatch.from_lists(drafts)
+
+
+def _declared_heads(model: str) -> int | None:
+    from pathlib import Path
+
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    config = read_config(path)
+    value = config.get("medusa_num_heads", config.get("num_heads"))
+    return value if isinstance(value, int) else None

@@ -1,0 +1,148 @@
+"""``mtp``: the multi-token-prediction layers a model ships in its own checkpoint (DeepSeek-V3 style).
+
+``deepseek_mtp``, ``qwen3_next_mtp`` etc. are aliases. ``model`` defaults to
+the target's directory; its config gives ``num_nextn_predict_layers`` (n) and
+MTP layer ``i`` is stored after the target's L layers, as
+``model.layers.{L+i}.{enorm, hnorm, eh_proj, self_attn.*, mlp.*,
+input_layernorm, post_attention_layernorm, shared_head.norm, shared_head.head}``
+(``embed_tokens`` and ``shared_head.head`` are optional: the target's are
+shared). Dense MLPs only (a MoE MTP layer is rejected with the missing tensor).
+
+Position ``p``, layer ``j``: ``x = eh_proj(concat(enorm(embed(token p+1)),
+hnorm(h)))`` (embedding zeroed at position 0), one decoder layer, and
+``shared_head.head(shared_head.norm(x))`` predicts token ``p + 2``. Draft step
+``s`` uses layer ``s mod n``. ``h`` is the target's final-norm hidden state
+for layer 0; layer ``j > 0`` reads layer ``j - 1``'s output at ``p - 1``, both
+while ingesting the context and while drafting, so every layer's K/V covers
+the whole sequence. ``num_speculative_tokens`` defaults to n; a larger value
+must be a multiple of n (vLLM's rule for reusing layers).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
+from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, read_config
+from ..drafter_modules import RopeCache, decoder_layer, linear, norm, own_embedding, place
+from ..interface import ProposerNeeds, register
+from ..validate import PREFIX
+
+
+class MtpLayer(nn.Module):
+    def __init__(self, ckpt: DrafterCheckpoint, config, prefix: str, qk_norm: bool, target):
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = norm(ckpt, prefix + "enorm.weight", hidden, eps)
+        self.hnorm = norm(ckpt, prefix + "hnorm.weight", hidden, eps)
+        self.eh_proj = linear(ckpt, prefix + "eh_proj.weight", hidden, 2 * hidden)
+        self.layer = decoder_layer(ckpt, config, prefix, qk_norm=qk_norm)
+        self.head_norm = norm(ckpt, prefix + "shared_head.norm.weight", hidden, eps)
+        head = prefix + "shared_head.head.weight"
+        self.head = linear(ckpt, head, target.vocab_size, hidden) if head in ckpt.tensors else None
+
+
+class MtpModel(ChainModel):
+    def __init__(self, ckpt: DrafterCheckpoint, target, num_layers: int):
+        super().__init__()
+        config, first = target.hf_config, target.hf_config.num_hidden_layers
+        qk_norm = target.model.spec.qk_norm
+        self.mtp = nn.ModuleList(MtpLayer(ckpt, config, f"model.layers.{first + i}.", qk_norm, target)
+                                 for i in range(num_layers))
+        self.layers = nn.ModuleList(m.layer for m in self.mtp)  # one KV cache each
+        self.embed_tokens = own_embedding(ckpt, f"model.layers.{first}.embed_tokens.weight",
+                                          target.model.embed_tokens)
+        self._target = [target.model]
+        self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
+        self._carry: dict[int, torch.Tensor] = {}  # seq_id -> [n - 1, H]: layer j's output at the last position
+        place(self, target.device, target.dtype)
+
+    def _forward(self, j: int, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
+        mtp = self.mtp[j]
+        embed = self.embed_tokens if self.embed_tokens is not None else self._target[0].embed_tokens
+        e = embed(token_ids).float() * (positions != 0)[:, None]
+        x = torch.cat((mtp.enorm(e), mtp.hnorm(hidden)), dim=-1)
+        x = mtp.eh_proj(x.to(mtp.eh_proj.weight.dtype)).float()
+        cos, sin = self.rope(positions)
+        return mtp.layer(x, cos, sin, kv_cache[j], meta)
+
+    def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:
+        cu = batch.cu_num_rows
+        out = first = self._forward(0, batch.token_ids, batch.positions, batch.target_features, kv_cache, batch.meta)
+        for j in range(1, len(self.mtp)):
+            shifted = torch.zeros_like(out)  # layer j at p reads layer j - 1 at p - 1
+            for n, seq_id in enumerate(batch.seq_ids):
+                a, b = cu[n], cu[n + 1]
+                shifted[a + 1:b] = out[a:b - 1]
+                if int(batch.positions[a]) > 0 and seq_id in self._carry:
+                    shifted[a] = self._carry[seq_id][j - 1]
+            last_rows = torch.tensor(cu[1:]) - 1
+            previous = out[last_rows]
+            out = self._forward(j, batch.token_ids, batch.positions, shifted, kv_cache, batch.meta)
+            for n, seq_id in enumerate(batch.seq_ids):
+                carry = self._carry.setdefault(seq_id, torch.zeros(len(self.mtp) - 1, out.shape[-1],
+                                                                    device=out.device))
+                carry[j - 1] = previous[n]
+        return first
+
+    def step(self, step, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
+        return self._forward(self.cache_index(step), token_ids, positions, hidden, kv_cache, meta)
+
+    def cache_index(self, step: int) -> int:
+        return step % len(self.mtp)
+
+    def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
+        mtp = self.mtp[step % len(self.mtp)]
+        normed = mtp.head_norm(hidden)
+        if mtp.head is None:
+            return self._target[0].compute_logits(normed).argmax(dim=-1)
+        return mtp.head(normed.to(mtp.head.weight.dtype)).argmax(dim=-1)
+
+    def release(self, seq_id: int) -> None:
+        self._carry.pop(seq_id, None)
+
+    def tracked(self) -> set[int]:
+        return set(self._carry)
+
+
+@register
+class MtpProposer(ChainProposer):
+    method = "mtp"
+    needs = ProposerNeeds(hidden_states=True, kv_cache=True)
+    drafter_in_target = True  # ``model`` defaults to the target's own checkpoint
+
+    @classmethod
+    def default_num_speculative_tokens(cls, options, model) -> int | None:
+        return _num_layers(model) if model else None
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        num = _num_layers(config.model) if config.model else None
+        k = config.num_speculative_tokens
+        if num is not None and k > num and k % num:
+            raise ValueError(f"{PREFIX}['num_speculative_tokens']={k} is invalid: the model has {num} MTP "
+                             f"layers; use at most {num} or a multiple of {num}")
+
+    def __init__(self, config, target):
+        super().__init__(config, target)
+        model = config.model or str(target.model_path)
+        num = _num_layers(model)
+        if not num:
+            raise ValueError(f"{PREFIX}: method 'mtp' needs a model whose config.json has "
+                             f"num_nextn_predict_layers >= 1; {model!r} has none")
+        k, first = config.num_speculative_tokens, target.hf_config.num_hidden_layers
+        if k > num and k % num:
+            raise ValueError(f"{PREFIX}['num_speculative_tokens']={k} is invalid: {num} MTP layers; use at "
+                             f"most {num} or a multiple of {num}")
+        ckpt = load_drafter(model, self.method, prefix=tuple(f"model.layers.{first + i}." for i in range(num)))
+        self.model = MtpModel(ckpt, target, num)
+
+
+def _num_layers(model: str) -> int | None:
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        return None
+    value = read_config(path).get("num_nextn_predict_layers")
+    return value if isinstance(value, int) else None
