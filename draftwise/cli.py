@@ -36,17 +36,21 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes, tensor_parallel_size=args.tensor_parallel_size,
-                speculative_config=_json_flag("--speculative-config", args.speculative_config),
-                additional_config=_json_flag("--additional-config", args.additional_config))
+                speculative_config=json_flag("--speculative-config", args.speculative_config),
+                additional_config=json_flag("--additional-config", args.additional_config))
 
 
-def _json_flag(flag: str, value: str | None):
-    if value is None:
+def json_flag(flag: str, text: str | None) -> dict | None:
+    """A JSON-object flag (``--speculative-config`` etc.) parsed; ValueError names the flag."""
+    if text is None:
         return None
     try:
-        return json.loads(value)
+        raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} is not valid JSON ({exc}): {value!r}") from None
+        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return raw
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

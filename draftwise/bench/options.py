@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cli import json_flag
 from ..spec.config import SpeculativeConfig
 from ..spec.interface import registered_methods
 
@@ -92,7 +92,7 @@ class BenchOptions:
                    temperature=args.temperature, seed=args.seed, min_repeats=args.min_repeats,
                    max_repeats=args.max_repeats, max_rel_error=args.max_rel_error,
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes, compare=args.compare or [],
-                   additional_config=_json_object("--additional-config", args.additional_config),
+                   additional_config=json_flag("--additional-config", args.additional_config),
                    spec_options=_spec_options(args.speculative_config or []))
 
 
@@ -109,23 +109,11 @@ def configurations(options: BenchOptions) -> list[Configuration]:
     return found
 
 
-def _json_object(flag: str, text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
-    return raw
-
-
 def _spec_options(values: list[str]) -> dict[str, dict]:
     """``{"method": m, key: value, ...}`` JSON objects -> ``{m: {key: value}}``, one per method."""
     found: dict[str, dict] = {}
     for text in values:
-        raw = _json_object("--speculative-config", text)
+        raw = json_flag("--speculative-config", text)
         if not isinstance(raw.get("method"), str):
             raise ValueError(f'--speculative-config must be a JSON object with a "method", got {text!r}')
         if "num_speculative_tokens" in raw:
