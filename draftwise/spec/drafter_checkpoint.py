@@ -88,12 +88,20 @@ def read_config(path: Path) -> dict:
     return config
 
 
+def declared_config(model: str | None) -> dict:
+    """``model``'s config.json (flattened), or {} when there is no such file: what a config
+    declares (method, head or layer counts) before the checkpoint is loaded."""
+    if not model or not (Path(model).expanduser() / "config.json").is_file():
+        return {}
+    return read_config(Path(model).expanduser())
+
+
 def infer_method(model: str) -> str | None:
     """The method a drafter's config declares (speculators type, EAGLE-3 or Medusa markers), or None."""
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
+    config = declared_config(model)
+    if not config:
         return None
-    config = read_config(path)
+    path = Path(model).expanduser()
     declared = config.get("speculators_model_type")
     if declared in ("eagle", "eagle3", "dflash", "mtp"):
         return declared
@@ -111,9 +119,7 @@ def infer_method(model: str) -> str | None:
 
 def speculators_num_tokens(model: str | None) -> int | None:
     """``speculators_config.proposal_methods[0].speculative_tokens`` of a speculators config."""
-    if not model or not (Path(model).expanduser() / "config.json").is_file():
-        return None
-    spec = read_config(Path(model).expanduser()).get("speculators_config") or {}
+    spec = declared_config(model).get("speculators_config") or {}
     methods = spec.get("proposal_methods") or [{}]
     value = methods[0].get("speculative_tokens")
     return value if isinstance(value, int) else None

@@ -27,7 +27,7 @@ from torch import nn
 from ...engine.model_runner import ForwardInput, prepare_batch
 from ...layers.common import apply_rope
 from ..chain_drafter import ChainModel, ChainProposer
-from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, read_config, require_model
+from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
 from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, place
 from ..interface import DraftBatch, ProposeBatch, ProposerNeeds, TargetHidden, register
 from ..validate import PREFIX
@@ -99,7 +99,7 @@ class DFlashProposer(ChainProposer):
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
-        block = _block_size(model) if model else None
+        block = _block_size(model)
         return block - 1 if block else None
 
     def __init__(self, config, target):
@@ -141,10 +141,5 @@ class DFlashProposer(ChainProposer):
 
 
 def _block_size(model: str) -> int | None:
-    from pathlib import Path
-
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        return None
-    value = read_config(path).get("block_size")
+    value = declared_config(model).get("block_size")
     return value if isinstance(value, int) and value >= 2 else None

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, read_config, require_model
+from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
 from ..drafter_modules import check_width, linear, place
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 from ..validate import PREFIX
@@ -86,23 +86,18 @@ class MedusaProposer(Proposer):
     @classmethod
     def check_config(cls, config) -> None:
         require_model(config.model, cls.method)
-        num_heads = _declared_heads(config.model)
-        if num_heads is not None and config.num_speculative_tokens > num_heads:
-            raise ValueError(f"{PREFIX}['num_speculative_tokens']={config.num_speculative_tokens} is invalid: "
-                             f"the Medusa checkpoint has {num_heads} heads (at most one draft per head)")
+        _check_num_tokens(config.num_speculative_tokens, _declared_heads(config.model), "the Medusa checkpoint")
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
-        return _declared_heads(model) if model else None
+        return _declared_heads(model)
 
     def __init__(self, config, target):
         super().__init__(config, target)
         ckpt = load_drafter(config.model, self.method)
         self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size),
                            target.device, target.dtype)
-        if config.num_speculative_tokens > len(self.heads.lm_heads):
-            raise ValueError(f"{PREFIX}['num_speculative_tokens']={config.num_speculative_tokens} is invalid: "
-                             f"{ckpt.what} has {len(self.heads.lm_heads)} heads")
+        _check_num_tokens(config.num_speculative_tokens, len(self.heads.lm_heads), ckpt.what)
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -127,11 +122,12 @@ class MedusaProposer(Proposer):
 
 
 def _declared_heads(model: str) -> int | None:
-    from pathlib import Path
-
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        return None
-    config = read_config(path)
+    config = declared_config(model)
     value = config.get("medusa_num_heads", config.get("num_heads"))
     return value if isinstance(value, int) else None
+
+
+def _check_num_tokens(num_tokens: int, num_heads: int | None, where: str) -> None:
+    if num_heads is not None and num_tokens > num_heads:
+        raise ValueError(f"{PREFIX}['num_speculative_tokens']={num_tokens} is invalid: {where} has {num_heads} "
+                         "heads (at most one draft per head)")

@@ -19,13 +19,11 @@ must be a multiple of n (vLLM's rule for reusing layers).
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
-from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, read_config
+from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter
 from ..drafter_modules import RopeCache, decoder_layer, linear, norm, own_embedding, place
 from ..interface import ProposerNeeds, register
 from ..validate import PREFIX
@@ -115,15 +113,11 @@ class MtpProposer(ChainProposer):
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
-        return _num_layers(model) if model else None
+        return _num_layers(model)
 
     @classmethod
     def check_config(cls, config) -> None:
-        num = _num_layers(config.model) if config.model else None
-        k = config.num_speculative_tokens
-        if num is not None and k > num and k % num:
-            raise ValueError(f"{PREFIX}['num_speculative_tokens']={k} is invalid: the model has {num} MTP "
-                             f"layers; use at most {num} or a multiple of {num}")
+        _check_num_tokens(config.num_speculative_tokens, _num_layers(config.model))
 
     def __init__(self, config, target):
         super().__init__(config, target)
@@ -132,17 +126,19 @@ class MtpProposer(ChainProposer):
         if not num:
             raise ValueError(f"{PREFIX}: method 'mtp' needs a model whose config.json has "
                              f"num_nextn_predict_layers >= 1; {model!r} has none")
-        k, first = config.num_speculative_tokens, target.hf_config.num_hidden_layers
-        if k > num and k % num:
-            raise ValueError(f"{PREFIX}['num_speculative_tokens']={k} is invalid: {num} MTP layers; use at "
-                             f"most {num} or a multiple of {num}")
+        _check_num_tokens(config.num_speculative_tokens, num)  # model may have defaulted to the target
+        first = target.hf_config.num_hidden_layers
         ckpt = load_drafter(model, self.method, prefix=tuple(f"model.layers.{first + i}." for i in range(num)))
         self.model = MtpModel(ckpt, target, num)
 
 
 def _num_layers(model: str) -> int | None:
-    path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        return None
-    value = read_config(path).get("num_nextn_predict_layers")
+    value = declared_config(model).get("num_nextn_predict_layers")
     return value if isinstance(value, int) else None
+
+
+def _check_num_tokens(num_tokens: int, num_layers: int | None) -> None:
+    """vLLM's rule: at most one token per MTP layer, or a multiple of the layer count (reuse)."""
+    if num_layers and num_tokens > num_layers and num_tokens % num_layers:
+        raise ValueError(f"{PREFIX}['num_speculative_tokens']={num_tokens} is invalid: the model has {num_layers} "
+                         f"MTP layers; use at most {num_layers} or a multiple of {num_layers}")
