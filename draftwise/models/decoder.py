@@ -138,12 +138,7 @@ class DecoderLM(nn.Module):
         return "sliding_attention" in self.layer_types and self.sliding_window is not None
 
     def to_device(self, device: torch.device, dtype: torch.dtype) -> "DecoderLM":
-        norms = {name: m.weight.data for name, m in self.named_modules() if isinstance(m, RMSNorm)}
-        self.to(device=device, dtype=dtype)
-        for name, weight in norms.items():  # norms keep their fp32 weights
-            self.get_submodule(name).weight.data = weight.to(device)
-        for layer in self.layers:
-            layer.compute_dtype = dtype
+        move_keeping_fp32_norms(self, device, dtype)
         self.rope = {t: (c.to(device, dtype), s.to(device, dtype)) for t, (c, s) in self.rope.items()}
         if can_pack(device, dtype):
             pack_linears(self)
@@ -177,6 +172,18 @@ class DecoderLM(nn.Module):
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def move_keeping_fp32_norms(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Move ``module`` to ``device`` / ``dtype``; RMSNorm weights stay fp32 and every
+    ``DecoderLayer`` computes in ``dtype`` (the residual stream stays fp32)."""
+    norms = [(m, m.weight.data) for m in module.modules() if isinstance(m, RMSNorm)]
+    module.to(device=device, dtype=dtype)
+    for m, weight in norms:
+        m.weight.data = weight.to(device)
+    for m in module.modules():
+        if isinstance(m, DecoderLayer):
+            m.compute_dtype = dtype
 
 
 class _TiedHead(nn.Module):

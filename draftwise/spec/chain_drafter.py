@@ -49,9 +49,17 @@ class IngestBatch:
 
 
 class ChainModel(nn.Module):
-    """What a chain drafter's network provides; ``layers`` are its ``DecoderLayer``s (one KV cache each)."""
+    """What a chain drafter's network provides; ``layers`` are its ``DecoderLayer``s (one KV cache each).
+    Drafters that read token embeddings set ``embed_tokens`` (their own table, or None to share
+    the target's) and ``_target`` (``[target DecoderLM]``, kept outside the module tree)."""
 
     layers: nn.ModuleList
+    embed_tokens: nn.Embedding | None = None
+    _target: list = []
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [num_rows] -> [num_rows, hidden] fp32
+        table = self.embed_tokens if self.embed_tokens is not None else self._target[0].embed_tokens
+        return table(token_ids).float()
 
     def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden]
         raise NotImplementedError

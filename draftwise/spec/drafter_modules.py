@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..layers.common import RMSNorm, rope_tables
-from ..models.decoder import ArchSpec, DecoderLayer
+from ..models.decoder import ArchSpec, DecoderLayer, move_keeping_fp32_norms
 from ..models.registry import load_layer
 from .drafter_checkpoint import DrafterCheckpoint
 
@@ -54,13 +54,7 @@ def own_embedding(ckpt: DrafterCheckpoint, name: str, target_embed: nn.Embedding
 def place(module: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """Move ``module`` to the target's device/dtype, RMSNorm weights kept in fp32. Drafters hold
     the target modules they share (embedding, lm_head) outside their module tree, so those stay."""
-    saved = [(m, m.weight.data) for m in module.modules() if isinstance(m, RMSNorm)]
-    module.to(device=device, dtype=dtype)
-    for m, weight in saved:
-        m.weight.data = weight.to(device)
-    for m in module.modules():
-        if isinstance(m, DecoderLayer):
-            m.compute_dtype = dtype
+    move_keeping_fp32_norms(module, device, dtype)
     module.requires_grad_(False)
     return module.eval()
 

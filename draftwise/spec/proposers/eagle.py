@@ -39,12 +39,8 @@ class Eagle1Model(ChainModel):
         self.rope = RopeCache(config, layer.head_dim, target.max_model_len, target.device, target.dtype)
         place(self, target.device, target.dtype)
 
-    def _embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [num_rows] -> [num_rows, hidden] fp32
-        embed = self.embed_tokens if self.embed_tokens is not None else self._target[0].embed_tokens
-        return embed(token_ids).float()
-
     def _forward(self, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
-        x = torch.cat((self._embed(token_ids), hidden.float()), dim=-1)
+        x = torch.cat((self.embed(token_ids), hidden.float()), dim=-1)
         x = self.fc(x.to(self.fc.weight.dtype)).float()
         cos, sin = self.rope(positions)
         return self.layers[0](x, cos, sin, kv_cache[0], meta)

@@ -76,10 +76,9 @@ class Eagle3Model(ChainModel):
 
     def _forward(self, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         layer = self.layers[0]
-        embed = self.embed_tokens if self.embed_tokens is not None else self._target[0].embed_tokens
         normed = self.hidden_norm(hidden)
         residual = normed if self.norm_before_residual else hidden.float()
-        attn_in = torch.cat((layer.input_norm(embed(token_ids).float()), normed), dim=-1)
+        attn_in = torch.cat((layer.input_norm(self.embed(token_ids)), normed), dim=-1)
         cos, sin = self.rope(positions)
         return layer.feed_forward(residual + layer.attend(attn_in, cos, sin, kv_cache[0], meta))
 

@@ -59,8 +59,7 @@ class MtpModel(ChainModel):
 
     def _forward(self, j: int, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         mtp = self.mtp[j]
-        embed = self.embed_tokens if self.embed_tokens is not None else self._target[0].embed_tokens
-        e = embed(token_ids).float() * (positions != 0)[:, None]
+        e = self.embed(token_ids) * (positions != 0)[:, None]
         x = torch.cat((mtp.enorm(e), mtp.hnorm(hidden)), dim=-1)
         x = mtp.eh_proj(x.to(mtp.eh_proj.weight.dtype)).float()
         cos, sin = self.rope(positions)
