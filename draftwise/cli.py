@@ -1,10 +1,11 @@
-"""The ``draftwise`` command line. Subcommands: ``generate``, ``serve``, ``bench``.
+"""The ``draftwise`` command line. Subcommands: ``generate``, ``serve``, ``bench``, ``make-data``, ``train-draft``.
 
 ``draftwise generate --model M --prompt "..." [--max-tokens N --temperature T ...]``
 prints the generated text, then a line with the token count and speed.
 ``draftwise serve [MODEL] [--host H --port P -sc JSON ...]`` runs the
 OpenAI-compatible server (see ``draftwise.server``). ``draftwise bench ...`` measures
 speculative methods and depths on a workload (see ``draftwise.bench``).
+``draftwise make-data`` / ``draftwise train-draft`` train a drafter (see ``draftwise.train``).
 Bad values exit with status 2 and one line saying what is wrong.
 """
 from __future__ import annotations
@@ -83,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_bench_args
 
     add_bench_args(sub.add_parser("bench", help="measure speculative methods and depths on a workload"))
+    from .train.cli import add_make_data_args, add_train_args
+
+    add_make_data_args(sub.add_parser("make-data", help="generate drafter training data with the target"))
+    add_train_args(sub.add_parser("train-draft", help="train an eagle3/eagle/medusa/mtp drafter"))
     return parser
 
 
@@ -124,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             from .bench import cmd_bench
 
             return cmd_bench(args, sys.argv[1:] if argv is None else argv)
-        return {"generate": cmd_generate, "serve": cmd_serve}[args.command](args)
+        from .train.cli import cmd_make_data, cmd_train_draft
+
+        commands = {"generate": cmd_generate, "serve": cmd_serve, "make-data": cmd_make_data,
+                    "train-draft": cmd_train_draft}
+        return commands[args.command](args)
     except ValueError as exc:  # bad user input: one clear line, no traceback
         print(f"draftwise: error: {exc}", file=sys.stderr)
         return 2

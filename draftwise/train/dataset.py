@@ -1,0 +1,155 @@
+"""Training data for ``draftwise train-draft``: what ``make-data`` wrote, in memory, in padded batches.
+
+``load_dataset(dir)`` reads ``manifest.json`` and every sample file. A sample is
+``token_ids`` [T] and ``hidden_states`` [T, num_layers, H] (the target's states at the
+manifest's ``layer_ids``); answer tokens start at ``num_prompt_tokens``.
+
+``DraftVocab`` is the reduced draft vocabulary: the ``size`` most frequent answer tokens
+(ids sorted), with EAGLE-3's maps ``d2t`` (draft id -> target id offset, int64) and ``t2d``
+(bool mask over the target vocabulary). ``Batch`` pads samples on the right to the longest
+one; ``loss_mask`` [B, T] marks positions ``q`` whose *next* token is an answer token and
+exists (``num_prompt_tokens - 1 <= q <= T - 2``): the positions a drafter is scored on.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from .make_data import MANIFEST
+
+
+@dataclass
+class Sample:
+    token_ids: torch.Tensor  # [T] int64
+    hidden_states: torch.Tensor  # [T, num_layers, H]
+    num_prompt_tokens: int
+
+
+@dataclass
+class Dataset:
+    manifest: dict
+    samples: list[Sample]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self.manifest["layer_ids"])
+
+    def layer_index(self, layer_id: int, what: str) -> int:
+        if layer_id not in self.manifest["layer_ids"]:
+            raise ValueError(f"{what} needs the target's hidden states of layer {layer_id}, but the data has only "
+                             f"layers {self.layer_ids}; run make-data with --layer-ids including {layer_id}")
+        return self.manifest["layer_ids"].index(layer_id)
+
+    def split(self, held_out_fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
+        """(train, held_out): a seeded split, at least one held-out sample when there are two or more."""
+        order = list(range(len(self.samples)))
+        random.Random(seed).shuffle(order)
+        num_held = max(1, round(held_out_fraction * len(order))) if len(order) > 1 and held_out_fraction > 0 else 0
+        return [self.samples[i] for i in order[num_held:]], [self.samples[i] for i in order[:num_held]]
+
+
+def load_dataset(directory: str | Path, dtype: torch.dtype = torch.float32) -> Dataset:
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"--data {directory}: no {MANIFEST} (make one with `draftwise make-data`)")
+    manifest = json.loads(path.read_text())
+    samples = []
+    for entry in manifest.get("samples", []):
+        tensors = load_file(str(directory / entry["file"]))
+        samples.append(Sample(tensors["token_ids"].long(), tensors["hidden_states"].to(dtype),
+                              int(entry["num_prompt_tokens"])))
+    samples = [s for s in samples if len(s.token_ids) - s.num_prompt_tokens >= 1]
+    if not samples:
+        raise ValueError(f"--data {directory} holds no samples with answer tokens")
+    return Dataset(manifest, samples)
+
+
+@dataclass
+class DraftVocab:
+    draft_ids: torch.Tensor  # [draft_vocab] target ids, sorted
+    vocab_size: int
+
+    @classmethod
+    def most_frequent(cls, samples: list[Sample], size: int, vocab_size: int) -> "DraftVocab":
+        if not 1 <= size <= vocab_size:
+            raise ValueError(f"--draft-vocab-size must be in [1, {vocab_size}] (the target's vocabulary), got {size}")
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        for s in samples:
+            counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
+        # ties (e.g. unseen tokens) broken by id so the choice is reproducible
+        order = torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
+        return cls(torch.sort(order[:size]).values, vocab_size)
+
+    @classmethod
+    def from_d2t(cls, d2t: torch.Tensor, vocab_size: int) -> "DraftVocab":
+        return cls(torch.arange(len(d2t)) + d2t, vocab_size)
+
+    @property
+    def size(self) -> int:
+        return len(self.draft_ids)
+
+    @property
+    def d2t(self) -> torch.Tensor:  # [draft_vocab] int64 offsets
+        return self.draft_ids - torch.arange(self.size)
+
+    @property
+    def t2d(self) -> torch.Tensor:  # [vocab] bool
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+        mask[self.draft_ids] = True
+        return mask
+
+    def to_draft(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft ids, -1 where a token is outside the draft vocabulary."""
+        table = torch.full((self.vocab_size,), -1, dtype=torch.int64)
+        table[self.draft_ids] = torch.arange(self.size)
+        return table[token_ids]
+
+    def coverage(self, samples: list[Sample]) -> float:
+        """Share of answer tokens inside the draft vocabulary."""
+        answers = torch.cat([s.token_ids[s.num_prompt_tokens:] for s in samples])
+        return float(self.t2d[answers].float().mean())
+
+
+@dataclass
+class Batch:
+    token_ids: torch.Tensor  # [B, T] int64, 0 past each sample's end
+    hidden_states: torch.Tensor  # [B, T, num_layers, H]
+    loss_mask: torch.Tensor  # [B, T] bool: positions whose next token is a scored answer token
+    lengths: list[int]
+
+
+def make_batch(samples: list[Sample]) -> Batch:
+    longest = max(len(s.token_ids) for s in samples)
+    num, layers, hidden = len(samples), samples[0].hidden_states.shape[1], samples[0].hidden_states.shape[2]
+    ids = torch.zeros(num, longest, dtype=torch.int64)
+    states = torch.zeros(num, longest, layers, hidden, dtype=samples[0].hidden_states.dtype)
+    mask = torch.zeros(num, longest, dtype=torch.bool)
+    for b, s in enumerate(samples):
+        length = len(s.token_ids)
+        ids[b, :length] = s.token_ids
+        states[b, :length] = s.hidden_states
+        mask[b, max(s.num_prompt_tokens - 1, 0):length - 1] = True
+    return Batch(ids, states, mask, [len(s.token_ids) for s in samples])
+
+
+def batches(samples: list[Sample], max_tokens: int, seed: int | None) -> list[list[Sample]]:
+    """Groups of samples of similar length with at most ``max_tokens`` padded tokens each;
+    group order shuffled by ``seed`` (None: kept in length order, for evaluation)."""
+    ordered = sorted(samples, key=lambda s: len(s.token_ids))
+    groups, current = [], []
+    for s in ordered:
+        if current and (len(current) + 1) * len(s.token_ids) > max_tokens:
+            groups.append(current)
+            current = []
+        current.append(s)
+    if current:
+        groups.append(current)
+    if seed is not None:
+        random.Random(seed).shuffle(groups)
+    return groups

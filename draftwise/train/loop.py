@@ -1,0 +1,210 @@
+"""``draftwise train-draft``: train a drafter on ``make-data`` output, evaluate, checkpoint, resume.
+
+``train_draft(TrainOptions(...))``:
+
+* loads the data and the target's frozen parts, checks they belong together (hidden
+  size, vocabulary), picks the draft vocabulary (most frequent answer tokens),
+* trains with AdamW (linear warm-up, cosine decay over the planned steps) on the
+  target's own distribution: per draft step ``j`` a soft cross-entropy against the
+  target's probabilities over the draft vocabulary (from the saved last-layer states;
+  hard next-token labels if the data lacks them), weighted ``0.8 ** j`` as in EAGLE-3,
+* after each epoch estimates acceptance on held-out samples (``evaluate``: greedy chain
+  acceptance length at K = 1..eval_steps), writes the drafter in its public layout to
+  ``out`` and ``out/trainer_state.pt`` (weights, optimizer, schedule, epoch, history).
+
+``resume=True`` continues from ``trainer_state.pt`` exactly where the last finished epoch
+left off (same data order, same schedule): an interrupted run resumed gives the weights
+an uninterrupted run gives.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from . import methods  # noqa: F401  (registers the trainable drafters)
+from .dataset import Batch, Dataset, DraftVocab, batches, load_dataset, make_batch
+from .evaluate import evaluate
+from .trainable import TRAINERS, TargetParts, TrainableDrafter, shift_left
+
+STATE = "trainer_state.pt"
+
+
+@dataclass
+class TrainOptions:
+    method: str
+    data: str
+    out: str
+    model: str | None = None  # default: the model named in the data's manifest
+    epochs: int = 3
+    lr: float = 5e-4
+    batch_tokens: int = 4096
+    ttt_steps: int = 3  # draft steps unrolled in training (chain drafters)
+    eval_steps: int = 5
+    draft_vocab_size: int = 8192
+    num_heads: int = 4  # medusa
+    num_head_layers: int = 1  # medusa residual blocks per head
+    held_out_fraction: float = 0.05
+    warmup_steps: int = 50
+    seed: int = 0
+    resume: bool = False
+    export_dtype: str = "bfloat16"
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.method not in TRAINERS:
+            raise ValueError(f"--method {self.method!r} is not trainable; choose one of {', '.join(sorted(TRAINERS))}")
+        for name in ("epochs", "batch_tokens", "ttt_steps", "eval_steps", "num_heads", "num_head_layers"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 <= self.held_out_fraction < 1:
+            raise ValueError(f"--held-out-fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.export_dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"--export-dtype must be bfloat16, float16 or float32, got {self.export_dtype!r}")
+
+
+def soft_targets(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch) -> torch.Tensor:
+    """[B, T, draft_vocab] the target's probabilities at each position, over the draft vocabulary
+    (renormalised), or [B, T] hard draft-id labels (-1: outside) when the data lacks layer L."""
+    if target.num_layers not in data.layer_ids:
+        return model.vocab.to_draft(shift_left(batch.token_ids, 1))
+    last = batch.hidden_states[:, :, data.layer_index(target.num_layers, "")]
+    logits = target.final_norm(last) @ target.lm_head[model.vocab.draft_ids].T
+    return torch.softmax(logits, dim=-1)
+
+
+def step_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of draft ``logits`` [B, T, V] against soft [B, T, V] or hard [B, T] labels."""
+    if labels.dim() == 2:
+        mask = mask & (labels >= 0)
+        if not mask.any():
+            return logits.new_zeros(())
+        return F.cross_entropy(logits[mask], labels[mask])
+    if not mask.any():
+        return logits.new_zeros(())
+    return -(labels[mask] * F.log_softmax(logits[mask], dim=-1)).sum(-1).mean()
+
+
+def batch_loss(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch,
+               num_steps: int) -> tuple[torch.Tensor, float]:
+    """(loss, step-0 top-1 agreement with the target on scored positions)."""
+    with torch.no_grad():
+        labels = soft_targets(model, target, data, batch)
+    logits, loss = model.unroll(batch, num_steps)
+    for j, step_logits in enumerate(logits):
+        loss = loss + 0.8 ** j * step_loss(step_logits, shift_left(labels, 1 + j), shift_left(batch.loss_mask, 1 + j))
+    with torch.no_grad():
+        truth = model.vocab.to_draft(shift_left(batch.token_ids, 2))
+        mask = shift_left(batch.loss_mask, 1)
+        agree = (logits[0].argmax(-1) == truth)[mask].float().mean().item() if mask.any() else 0.0
+    return loss, agree
+
+
+def _schedule(optimizer, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def train_draft(opts: TrainOptions, on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
+    opts.check()
+    out = Path(opts.out)
+    state_path = out / STATE
+    if opts.resume and not state_path.is_file():
+        raise ValueError(f"--resume: {out} has no {STATE} to resume from")
+    if not opts.resume and state_path.is_file():
+        raise ValueError(f"--out {out} already holds a training run; pass --resume to continue it or choose "
+                         "a new directory")
+    data = load_dataset(opts.data)
+    target = TargetParts.load(opts.model or data.manifest.get("model"))
+    _check_match(data, target)
+    cls = TRAINERS[opts.method]
+    layer_ids = cls.needed_layers(target, asdict(opts))
+    options = dict(asdict(opts), layer_ids=layer_ids,
+                   layer_index=[data.layer_index(i, f"--method {opts.method}") for i in layer_ids])
+    train, held_out = data.split(opts.held_out_fraction, opts.seed)
+    saved = torch.load(state_path, weights_only=False) if opts.resume else None
+    if saved is not None and saved["method"] != opts.method:
+        raise ValueError(f"--resume: {out} holds a {saved['method']} run, not {opts.method}")
+    vocab = DraftVocab(saved["draft_ids"], target.vocab_size) if saved else \
+        DraftVocab.most_frequent(train, min(opts.draft_vocab_size, target.vocab_size), target.vocab_size)
+    torch.manual_seed(opts.seed)
+    model = cls(target, vocab, options)
+    num_steps = min(opts.ttt_steps, model.max_steps() or opts.ttt_steps)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    per_epoch = len(batches(train, opts.batch_tokens, None))
+    scheduler = _schedule(optimizer, opts.warmup_steps, per_epoch * opts.epochs)
+    history, first_epoch = [], 0
+    if saved:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        history, first_epoch = saved["history"], saved["epoch"] + 1
+    summary = {"method": opts.method, "num_train_samples": len(train), "num_held_out_samples": len(held_out),
+               "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage(train), 4),
+               "num_parameters": sum(p.numel() for p in model.parameters())}
+    for epoch in range(first_epoch, opts.epochs):
+        start = time.perf_counter()
+        loss, agree = _train_epoch(model, target, data, train, optimizer, scheduler, opts, epoch, num_steps)
+        result = {"epoch": epoch + 1, "train_loss": round(loss, 4), "train_step0_agreement": round(agree, 4),
+                  "seconds": round(time.perf_counter() - start, 1)}
+        if held_out:
+            result["held_out"] = evaluate(model, held_out, opts.batch_tokens, opts.eval_steps)
+        history.append(result)
+        tqdm.write(json.dumps(result))
+        _save(model, optimizer, scheduler, opts, epoch, history, out)
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, result)
+    summary["history"] = history
+    (out / "train_log.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _train_epoch(model, target, data, train, optimizer, scheduler, opts, epoch, num_steps) -> tuple[float, float]:
+    model.train()
+    groups = batches(train, opts.batch_tokens, opts.seed + epoch)
+    total_loss = total_agree = 0.0
+    bar = tqdm(groups, desc=f"epoch {epoch + 1}/{opts.epochs}", dynamic_ncols=True)
+    for n, group in enumerate(bar, start=1):
+        loss, agree = batch_loss(model, target, data, make_batch(group), num_steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        total_loss, total_agree = total_loss + loss.item(), total_agree + agree
+        bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{total_agree / n:.3f}")
+    return total_loss / max(1, len(groups)), total_agree / max(1, len(groups))
+
+
+def _save(model, optimizer, scheduler, opts, epoch, history, out: Path) -> None:
+    model.export(out, getattr(torch, opts.export_dtype))
+    state = {"method": opts.method, "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "draft_ids": model.vocab.draft_ids, "history": history,
+             "options": asdict(opts)}
+    torch.save(state, out / (STATE + ".tmp"))
+    (out / (STATE + ".tmp")).replace(out / STATE)
+
+
+def _check_match(data: Dataset, target: TargetParts) -> None:
+    manifest = data.manifest
+    for key, value in (("vocab_size", target.vocab_size), ("hidden_size", target.config.hidden_size),
+                       ("num_hidden_layers", target.num_layers)):
+        if manifest.get(key) != value:
+            raise ValueError(f"the data was made with a model whose {key} is {manifest.get(key)}, but the target "
+                             f"{target.path} has {value}; make the data with the same model (vocabulary mismatch)"
+                             if key == "vocab_size" else
+                             f"the data was made with a model whose {key} is {manifest.get(key)}, but the target "
+                             f"{target.path} has {value}; make the data with the same model")
