@@ -24,11 +24,10 @@ def evaluate(model: TrainableDrafter, samples: list[Sample], batch_tokens: int, 
     right_runs = []  # per anchor [num_steps] bool
     for group in batches(samples, batch_tokens, None):
         batch = make_batch(group)
-        logits, _ = model.unroll(batch, num_steps)
-        anchors = batch.loss_mask & shift_left(batch.loss_mask, num_steps)  # [B, T]
-        right = torch.stack([model.vocab.draft_ids[step.argmax(-1)] == shift_left(batch.token_ids, 2 + j)
-                             for j, step in enumerate(logits)], dim=-1)  # [B, T, num_steps]
-        right_runs.append(right[anchors])
+        states, _ = model.unroll(batch, num_steps)
+        b, p = (batch.loss_mask & shift_left(batch.loss_mask, num_steps)).nonzero(as_tuple=True)  # anchors
+        right_runs.append(torch.stack([model.vocab.draft_ids[model.logits(j, state[b, p]).argmax(-1)]
+                                       == batch.token_ids[b, p + 2 + j] for j, state in enumerate(states)], dim=-1))
     model.train()
     runs = torch.cat(right_runs) if right_runs else torch.zeros(0, num_steps, dtype=torch.bool)
     if len(runs) == 0:

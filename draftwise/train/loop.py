@@ -73,25 +73,24 @@ class TrainOptions:
 
 
 def soft_targets(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch) -> torch.Tensor:
-    """[B, T, draft_vocab] the target's probabilities at each position, over the draft vocabulary
-    (renormalised), or [B, T] hard draft-id labels (-1: outside) when the data lacks layer L."""
+    """[B, T, draft_vocab] the target's probabilities over the draft vocabulary (renormalised) at
+    the scored positions (zeros elsewhere), or [B, T] hard draft-id labels of the next token
+    (-1: outside the draft vocabulary) when the data lacks layer L."""
     if target.num_layers not in data.layer_ids:
         return model.vocab.to_draft(shift_left(batch.token_ids, 1))
-    last = batch.hidden_states[:, :, data.layer_index(target.num_layers, "")]
-    logits = target.final_norm(last) @ target.lm_head[model.vocab.draft_ids].T
-    return torch.softmax(logits, dim=-1)
+    rows = batch.loss_mask.nonzero(as_tuple=True)
+    last = batch.hidden_states[:, :, data.layer_index(target.num_layers, "")][rows]  # [N, H]
+    probs = torch.zeros(*batch.loss_mask.shape, model.vocab.size)
+    probs[rows] = torch.softmax(target.final_norm(last) @ target.lm_head[model.vocab.draft_ids].T, dim=-1)
+    return probs
 
 
-def step_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of draft ``logits`` [B, T, V] against soft [B, T, V] or hard [B, T] labels."""
-    if labels.dim() == 2:
-        mask = mask & (labels >= 0)
-        if not mask.any():
-            return logits.new_zeros(())
-        return F.cross_entropy(logits[mask], labels[mask])
-    if not mask.any():
-        return logits.new_zeros(())
-    return -(labels[mask] * F.log_softmax(logits[mask], dim=-1)).sum(-1).mean()
+def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of draft ``logits`` [N, V] against soft [N, V] or hard [N] labels."""
+    if labels.dim() == 1:
+        keep = labels >= 0
+        return F.cross_entropy(logits[keep], labels[keep]) if keep.any() else logits.new_zeros(())
+    return -(labels * F.log_softmax(logits, dim=-1)).sum(-1).mean() if len(labels) else logits.new_zeros(())
 
 
 def batch_loss(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch,
@@ -99,13 +98,15 @@ def batch_loss(model: TrainableDrafter, target: TargetParts, data: Dataset, batc
     """(loss, step-0 top-1 agreement with the target on scored positions)."""
     with torch.no_grad():
         labels = soft_targets(model, target, data, batch)
-    logits, loss = model.unroll(batch, num_steps)
-    for j, step_logits in enumerate(logits):
-        loss = loss + 0.8 ** j * step_loss(step_logits, shift_left(labels, 1 + j), shift_left(batch.loss_mask, 1 + j))
-    with torch.no_grad():
-        truth = model.vocab.to_draft(shift_left(batch.token_ids, 2))
-        mask = shift_left(batch.loss_mask, 1)
-        agree = (logits[0].argmax(-1) == truth)[mask].float().mean().item() if mask.any() else 0.0
+    states, loss = model.unroll(batch, num_steps)
+    agree = 0.0
+    for j, state in enumerate(states):
+        b, p = shift_left(batch.loss_mask, 1 + j).nonzero(as_tuple=True)  # rows scored at step j
+        logits = model.logits(j, state[b, p])
+        loss = loss + 0.8 ** j * step_loss(logits, labels[b, p + 1 + j])
+        if j == 0 and len(b):
+            truth = model.vocab.to_draft(batch.token_ids[b, p + 2])
+            agree = (logits.argmax(-1) == truth).float().mean().item()
     return loss, agree
 
 
@@ -130,18 +131,13 @@ def train_draft(opts: TrainOptions, on_epoch_end: Callable[[int, dict], None] | 
     data = load_dataset(opts.data)
     target = TargetParts.load(opts.model or data.manifest.get("model"))
     _check_match(data, target)
-    cls = TRAINERS[opts.method]
-    layer_ids = cls.needed_layers(target, asdict(opts))
-    options = dict(asdict(opts), layer_ids=layer_ids,
-                   layer_index=[data.layer_index(i, f"--method {opts.method}") for i in layer_ids])
     train, held_out = data.split(opts.held_out_fraction, opts.seed)
     saved = torch.load(state_path, weights_only=False) if opts.resume else None
     if saved is not None and saved["method"] != opts.method:
         raise ValueError(f"--resume: {out} holds a {saved['method']} run, not {opts.method}")
     vocab = DraftVocab(saved["draft_ids"], target.vocab_size) if saved else \
         DraftVocab.most_frequent(train, min(opts.draft_vocab_size, target.vocab_size), target.vocab_size)
-    torch.manual_seed(opts.seed)
-    model = cls(target, vocab, options)
+    model = build(opts, data, target, vocab)
     num_steps = min(opts.ttt_steps, model.max_steps() or opts.ttt_steps)
     optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
     per_epoch = len(batches(train, opts.batch_tokens, None))
@@ -170,6 +166,26 @@ def train_draft(opts: TrainOptions, on_epoch_end: Callable[[int, dict], None] | 
     summary["history"] = history
     (out / "train_log.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def build(opts: TrainOptions, data: Dataset, target: TargetParts, vocab: DraftVocab) -> TrainableDrafter:
+    """A freshly initialised (seeded) trainable drafter reading ``data``'s layers."""
+    cls = TRAINERS[opts.method]
+    layer_ids = cls.needed_layers(target, asdict(opts))
+    options = dict(asdict(opts), layer_ids=layer_ids,
+                   layer_index=[data.layer_index(i, f"--method {opts.method}") for i in layer_ids])
+    torch.manual_seed(opts.seed)
+    return cls(target, vocab, options)
+
+
+def load_trained(out: str | Path, data: Dataset) -> TrainableDrafter:
+    """The drafter of the training run saved in ``out`` (its ``trainer_state.pt``), to evaluate on ``data``."""
+    saved = torch.load(Path(out) / STATE, weights_only=False)
+    opts = TrainOptions(**saved["options"])
+    target = TargetParts.load(opts.model or data.manifest.get("model"))
+    model = build(opts, data, target, DraftVocab(saved["draft_ids"], target.vocab_size))
+    model.load_state_dict(saved["model"])
+    return model
 
 
 def _train_epoch(model, target, data, train, optimizer, scheduler, opts, epoch, num_steps) -> tuple[float, float]:

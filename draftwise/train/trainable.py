@@ -2,9 +2,10 @@
 
 A trainable drafter computes, for a padded batch, the same function its inference
 proposer computes, but for every anchor position at once and differentiably:
-``unroll(batch, num_steps)`` returns per draft step ``j`` the draft-vocabulary logits
-``[B, T, draft_vocab]`` whose row ``p`` predicts token ``p + 2 + j`` (the target's
-distribution at position ``p + 1 + j``), plus an optional extra loss. ``export(out)``
+``unroll(batch, num_steps)`` returns per draft step ``j`` the states ``[B, T, H]`` whose
+row ``p`` predicts token ``p + 2 + j`` (the target's distribution at position
+``p + 1 + j``), plus an optional extra loss; ``logits(j, rows)`` turns the rows that are
+scored into draft-vocabulary logits (only those: the head is the costly part). ``export(out)``
 writes the drafter in its method's public layout (config.json + model.safetensors),
 which the inference proposer (and vLLM) loads.
 
@@ -90,7 +91,10 @@ class TrainableDrafter(nn.Module):
         return self.target.final_norm(batch.hidden_states[:, :, self.options["layer_index"][0]])
 
     def unroll(self, batch: Batch, num_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """(per step logits [B, T, draft_vocab], extra loss scalar)."""
+        """(per step states [B, T, H], extra loss scalar)."""
+        raise NotImplementedError
+
+    def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, draft_vocab]
         raise NotImplementedError
 
     def max_steps(self) -> int | None:
@@ -146,9 +150,6 @@ class ChainTrainable(TrainableDrafter):
              hidden: torch.Tensor, cache) -> torch.Tensor:  # [B, T, H] -> [B, T, H]
         raise NotImplementedError
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, T, draft_vocab]
-        raise NotImplementedError
-
     def extra_loss(self, step: int, out: torch.Tensor, batch: Batch) -> torch.Tensor:
         return out.new_zeros(())
 
@@ -156,13 +157,13 @@ class ChainTrainable(TrainableDrafter):
         from .ttt import TTTCache
 
         cache, hidden = TTTCache(), self.first_hidden(batch)
-        logits, extra = [], hidden.new_zeros(())
+        states, extra = [], hidden.new_zeros(())
         for j in range(num_steps):
             token_ids = shift_left(batch.token_ids, 1 + j)
             hidden = self.step(j, token_ids, hidden, cache)
-            logits.append(self.logits(hidden))
+            states.append(hidden)
             extra = extra + self.extra_loss(j, hidden, batch)
-        return logits, extra
+        return states, extra
 
 
 def shift_left(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -45,8 +45,8 @@ class EagleTrainable(ChainTrainable):
         x = self.fc(torch.cat((self.embed[token_ids], hidden), dim=-1))
         return self.layer.feed_forward(x + ttt_attend(self.layer, x, self.rope, step, cache))
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return out @ self.head.T
+    def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
+        return rows @ self.head.T
 
     def extra_loss(self, step: int, out: torch.Tensor, batch: Batch) -> torch.Tensor:
         mask = shift_left(batch.loss_mask, 1 + step)

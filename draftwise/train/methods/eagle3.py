@@ -57,8 +57,8 @@ class Eagle3Trainable(ChainTrainable):
         x = hidden + ttt_attend(layer, attn_in, self.rope, step, cache)
         return layer.feed_forward(x)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))
+    def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(rows))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = layer_tensors(self.layer, "midlayer.")

@@ -40,13 +40,16 @@ class MedusaTrainable(TrainableDrafter):
 
     def unroll(self, batch: Batch, num_steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
         hidden = self.final_state(batch)
-        logits = []
-        for blocks, lm_head in zip(self.blocks[:num_steps], self.lm_heads[:num_steps]):
+        states = []
+        for blocks in self.blocks[:num_steps]:
             x = hidden
             for block in blocks:
                 x = x + F.silu(block(x))
-            logits.append(lm_head(x))
-        return logits, hidden.new_zeros(())
+            states.append(x)
+        return states, hidden.new_zeros(())
+
+    def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
+        return self.lm_heads[step](rows)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"token_map": self.vocab.draft_ids}

@@ -49,8 +49,8 @@ class MtpTrainable(ChainTrainable):
         x = x + ttt_attend(self.layer, self.layer.input_norm(x), self.rope, step, cache)
         return self.layer.feed_forward(x)
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.head_norm(out) @ self.head.T
+    def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
+        return self.head_norm(rows) @ self.head.T
 
     def tensors(self) -> dict[str, torch.Tensor]:
         prefix = f"model.layers.{self.target.num_layers}."
