@@ -120,52 +120,79 @@ def _schedule(optimizer, warmup: int, total: int):
 
 
 def train_draft(opts: TrainOptions, on_epoch_end: Callable[[int, dict], None] | None = None) -> dict:
-    opts.check()
-    out = Path(opts.out)
-    state_path = out / STATE
-    if opts.resume and not state_path.is_file():
-        raise ValueError(f"--resume: {out} has no {STATE} to resume from")
-    if not opts.resume and state_path.is_file():
-        raise ValueError(f"--out {out} already holds a training run; pass --resume to continue it or choose "
-                         "a new directory")
-    data = load_dataset(opts.data)
-    target = TargetParts.load(opts.model or data.manifest.get("model"))
-    _check_match(data, target)
-    train, held_out = data.split(opts.held_out_fraction, opts.seed)
-    saved = torch.load(state_path, weights_only=False) if opts.resume else None
-    if saved is not None and saved["method"] != opts.method:
-        raise ValueError(f"--resume: {out} holds a {saved['method']} run, not {opts.method}")
-    vocab = DraftVocab(saved["draft_ids"], target.vocab_size) if saved else \
-        DraftVocab.most_frequent(train, min(opts.draft_vocab_size, target.vocab_size), target.vocab_size)
-    model = build(opts, data, target, vocab)
-    num_steps = min(opts.ttt_steps, model.max_steps() or opts.ttt_steps)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    per_epoch = len(batches(train, opts.batch_tokens, None))
-    scheduler = _schedule(optimizer, opts.warmup_steps, per_epoch * opts.epochs)
-    history, first_epoch = [], 0
-    if saved:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        history, first_epoch = saved["history"], saved["epoch"] + 1
-    summary = {"method": opts.method, "num_train_samples": len(train), "num_held_out_samples": len(held_out),
-               "draft_vocab_size": vocab.size, "draft_vocab_coverage": round(vocab.coverage(train), 4),
-               "num_parameters": sum(p.numel() for p in model.parameters())}
-    for epoch in range(first_epoch, opts.epochs):
+    """Train (or resume) to ``opts.epochs``; returns the summary written to ``out/train_log.json``."""
+    run = _Run(opts)
+    for epoch in range(run.first_epoch, opts.epochs):
         start = time.perf_counter()
-        loss, agree = _train_epoch(model, target, data, train, optimizer, scheduler, opts, epoch, num_steps)
+        loss, agree = _train_epoch(run, epoch)
         result = {"epoch": epoch + 1, "train_loss": round(loss, 4), "train_step0_agreement": round(agree, 4),
                   "seconds": round(time.perf_counter() - start, 1)}
-        if held_out:
-            result["held_out"] = evaluate(model, held_out, opts.batch_tokens, opts.eval_steps)
-        history.append(result)
+        if run.held_out:
+            result["held_out"] = evaluate(run.model, run.held_out, opts.batch_tokens, opts.eval_steps)
+        run.history.append(result)
         tqdm.write(json.dumps(result))
-        _save(model, optimizer, scheduler, opts, epoch, history, out)
+        run.save(epoch)
         if on_epoch_end is not None:
             on_epoch_end(epoch, result)
-    summary["history"] = history
-    (out / "train_log.json").write_text(json.dumps(summary, indent=1))
-    return summary
+    return run.summary()
+
+
+class _Run:
+    """Everything one training run holds: data, target parts, drafter, optimizer, schedule, history."""
+
+    def __init__(self, opts: TrainOptions):
+        opts.check()
+        self.opts, self.out = opts, Path(opts.out)
+        saved = self._saved_state()
+        self.data = load_dataset(opts.data)
+        self.target = TargetParts.load(opts.model or self.data.manifest.get("model"))
+        _check_match(self.data, self.target)
+        self.train, self.held_out = self.data.split(opts.held_out_fraction, opts.seed)
+        vocab_size = self.target.vocab_size
+        vocab = DraftVocab(saved["draft_ids"], vocab_size) if saved else \
+            DraftVocab.most_frequent(self.train, min(opts.draft_vocab_size, vocab_size), vocab_size)
+        self.model = build(opts, self.data, self.target, vocab)
+        self.num_steps = min(opts.ttt_steps, self.model.max_steps() or opts.ttt_steps)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, betas=(0.9, 0.95),
+                                           weight_decay=0.0)
+        per_epoch = len(batches(self.train, opts.batch_tokens, None))
+        self.scheduler = _schedule(self.optimizer, opts.warmup_steps, per_epoch * opts.epochs)
+        self.history, self.first_epoch = [], 0
+        if saved:  # a larger --epochs than before stretches the cosine to the new total
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.scheduler.load_state_dict(saved["scheduler"])
+            self.history, self.first_epoch = saved["history"], saved["epoch"] + 1
+
+    def _saved_state(self) -> dict | None:
+        path = self.out / STATE
+        if self.opts.resume and not path.is_file():
+            raise ValueError(f"--resume: {self.out} has no {STATE} to resume from")
+        if not self.opts.resume and path.is_file():
+            raise ValueError(f"--out {self.out} already holds a training run; pass --resume to continue it or "
+                             "choose a new directory")
+        if not self.opts.resume:
+            return None
+        saved = torch.load(path, weights_only=False)
+        if saved["method"] != self.opts.method:
+            raise ValueError(f"--resume: {self.out} holds a {saved['method']} run, not {self.opts.method}")
+        return saved
+
+    def summary(self) -> dict:
+        return {"method": self.opts.method, "num_train_samples": len(self.train),
+                "num_held_out_samples": len(self.held_out), "draft_vocab_size": self.model.vocab.size,
+                "draft_vocab_coverage": round(self.model.vocab.coverage(self.train), 4),
+                "num_parameters": sum(p.numel() for p in self.model.parameters()), "history": self.history}
+
+    def save(self, epoch: int) -> None:
+        """The drafter in its public layout, the resumable state, and the log, each replaced atomically."""
+        self.model.export(self.out, getattr(torch, self.opts.export_dtype))
+        state = {"method": self.opts.method, "epoch": epoch, "model": self.model.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "draft_ids": self.model.vocab.draft_ids, "history": self.history, "options": asdict(self.opts)}
+        torch.save(state, self.out / (STATE + ".tmp"))
+        (self.out / (STATE + ".tmp")).replace(self.out / STATE)
+        (self.out / "train_log.json").write_text(json.dumps(self.summary(), indent=1))
 
 
 def build(opts: TrainOptions, data: Dataset, target: TargetParts, vocab: DraftVocab) -> TrainableDrafter:
@@ -188,30 +215,22 @@ def load_trained(out: str | Path, data: Dataset) -> TrainableDrafter:
     return model
 
 
-def _train_epoch(model, target, data, train, optimizer, scheduler, opts, epoch, num_steps) -> tuple[float, float]:
-    model.train()
-    groups = batches(train, opts.batch_tokens, opts.seed + epoch)
+def _train_epoch(run: _Run, epoch: int) -> tuple[float, float]:
+    """One pass over the training samples in this epoch's seeded order: (mean loss, mean agreement)."""
+    run.model.train()
+    groups = batches(run.train, run.opts.batch_tokens, run.opts.seed + epoch)
     total_loss = total_agree = 0.0
-    bar = tqdm(groups, desc=f"epoch {epoch + 1}/{opts.epochs}", dynamic_ncols=True)
+    bar = tqdm(groups, desc=f"epoch {epoch + 1}/{run.opts.epochs}", dynamic_ncols=True)
     for n, group in enumerate(bar, start=1):
-        loss, agree = batch_loss(model, target, data, make_batch(group), num_steps)
-        optimizer.zero_grad(set_to_none=True)
+        loss, agree = batch_loss(run.model, run.target, run.data, make_batch(group), run.num_steps)
+        run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+        run.optimizer.step()
+        run.scheduler.step()
         total_loss, total_agree = total_loss + loss.item(), total_agree + agree
         bar.set_postfix(loss=f"{total_loss / n:.3f}", acc=f"{total_agree / n:.3f}")
     return total_loss / max(1, len(groups)), total_agree / max(1, len(groups))
-
-
-def _save(model, optimizer, scheduler, opts, epoch, history, out: Path) -> None:
-    model.export(out, getattr(torch, opts.export_dtype))
-    state = {"method": opts.method, "epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "scheduler": scheduler.state_dict(), "draft_ids": model.vocab.draft_ids, "history": history,
-             "options": asdict(opts)}
-    torch.save(state, out / (STATE + ".tmp"))
-    (out / (STATE + ".tmp")).replace(out / STATE)
 
 
 def _check_match(data: Dataset, target: TargetParts) -> None:
@@ -219,8 +238,6 @@ def _check_match(data: Dataset, target: TargetParts) -> None:
     for key, value in (("vocab_size", target.vocab_size), ("hidden_size", target.config.hidden_size),
                        ("num_hidden_layers", target.num_layers)):
         if manifest.get(key) != value:
+            kind = " (vocabulary mismatch)" if key == "vocab_size" else ""
             raise ValueError(f"the data was made with a model whose {key} is {manifest.get(key)}, but the target "
-                             f"{target.path} has {value}; make the data with the same model (vocabulary mismatch)"
-                             if key == "vocab_size" else
-                             f"the data was made with a model whose {key} is {manifest.get(key)}, but the target "
-                             f"{target.path} has {value}; make the data with the same model")
+                             f"{target.path} has {value}; make the data with the same model{kind}")
