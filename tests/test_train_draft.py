@@ -139,6 +139,20 @@ def test_bad_arguments_are_clear_errors(data_dir, tmp_path, tiny_model_dir):
         make_data(str(tiny_model_dir), ["nope"], tmp_path / "g")
 
 
+def test_cli_runs_make_data_then_train_draft(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS[:4]))
+    assert main(["make-data", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--out",
+                 str(tmp_path / "data"), "--max-tokens", "8", "--dtype", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_samples"] == 4
+    assert main(["train-draft", "--method", "medusa", "--data", str(tmp_path / "data"), "--out",
+                 str(tmp_path / "medusa"), "--epochs", "1", "--num-heads", "2", "--draft-vocab-size", "32"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["draft_vocab_size"] == 32 and summary["last_epoch"]["epoch"] == 1
+    config = json.loads((tmp_path / "medusa" / "config.json").read_text())
+    assert config["num_heads"] == 2 and config["truncated_vocab_size"] == 32
+
+
 def test_cli_reports_bad_method_with_exit_status_2(data_dir, tmp_path, capsys):
     assert main(["train-draft", "--method", "ngram", "--data", str(data_dir), "--out", str(tmp_path / "x")]) == 2
     assert "--method 'ngram' is not trainable" in capsys.readouterr().err
