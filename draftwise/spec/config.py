@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ..drafters import resolve_drafter
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class
 from .validate import PREFIX, check_bool, check_choice, check_int
@@ -117,7 +118,7 @@ def _model(raw: dict) -> str | None:
     model = model if model is not None else alias
     if model is not None and not isinstance(model, str):
         raise ValueError(f"{PREFIX}['model']={model!r} is invalid: must be a path or model name")
-    return model
+    return resolve_drafter(model) if model is not None else None
 
 
 def _draft_tp(raw: dict, target_tp: int) -> int:
