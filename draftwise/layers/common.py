@@ -72,10 +72,9 @@ def _rope_tables(config, head_dim, layer_type, max_positions):
     return cos, torch.cat((-sin, sin), dim=-1)  # sign of rotate_half folded into sin
 
 
-def apply_rope(x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+def apply_rope(x: torch.Tensor,  # [..., num_tokens, num_heads, head_dim]
                cos: torch.Tensor,  # [num_tokens, 1, head_dim]
                signed_sin: torch.Tensor) -> torch.Tensor:  # [num_tokens, 1, head_dim]
     """Neox-style rotary embedding: x * cos + rotate_half(x) * sin, with the sign in ``signed_sin``."""
-    num_tokens, num_heads, head_dim = x.shape
-    swapped = x.view(num_tokens, num_heads, 2, head_dim // 2).flip(2).view(num_tokens, num_heads, head_dim)
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # the two halves of head_dim exchanged
     return x * cos + swapped * signed_sin

@@ -17,26 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.common import rope_tables
+from ..layers.common import apply_rope
 from ..models.decoder import DecoderLayer
-
-
-class Rope:
-    """cos/sin ``[T, 1, head_dim]`` for positions ``offset .. offset + T - 1``."""
-
-    def __init__(self, config, head_dim: int, max_positions: int):
-        self.cos, self.sin = rope_tables(config, head_dim, "full_attention", max_positions)
-
-    def __call__(self, length: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = slice(offset, offset + length)
-        return self.cos[rows].unsqueeze(1), self.sin[rows].unsqueeze(1)
-
-
-def rotate(x: torch.Tensor,  # [B, T, heads, head_dim]
-           cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:  # [T, 1, head_dim]
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * signed_sin
+from ..spec.drafter_modules import RopeCache
 
 
 class TTTCache:
@@ -46,7 +29,7 @@ class TTTCache:
 
 
 def ttt_attend(layer: DecoderLayer, h: torch.Tensor,  # [B, T, qkv_in_features] normed attention input
-               rope: Rope, step: int, cache: TTTCache) -> torch.Tensor:  # [B, T, hidden]
+               rope: RopeCache, step: int, cache: TTTCache) -> torch.Tensor:  # [B, T, hidden]
     num_batch, length, _ = h.shape
     q_size, kv_size, _ = layer.split
     qkv = layer.qkv_proj(h)
@@ -55,8 +38,8 @@ def ttt_attend(layer: DecoderLayer, h: torch.Tensor,  # [B, T, qkv_in_features] 
     v = qkv[..., q_size + kv_size:].view(num_batch, length, layer.num_kv_heads, layer.head_dim)
     if layer.q_norm is not None:
         q, k = layer.q_norm(q), layer.k_norm(k)
-    cos, sin = rope(length, step)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    cos, sin = rope(torch.arange(step, step + length, device=h.device))  # positions p + step
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     group = layer.num_heads // layer.num_kv_heads
     q = q.transpose(1, 2)  # [B, heads, T, head_dim]
     cache.keys.append(k.repeat_interleave(group, dim=2).transpose(1, 2))

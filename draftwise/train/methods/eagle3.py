@@ -16,10 +16,11 @@ from torch import nn
 
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
+from ...spec.drafter_modules import RopeCache
 from ..dataset import Batch, DraftVocab
 from ..make_data import eagle3_layer_ids
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
-from ..ttt import Rope, ttt_attend
+from ..ttt import ttt_attend
 
 
 @register
@@ -43,7 +44,8 @@ class Eagle3Trainable(ChainTrainable):
         self.lm_head = nn.Linear(hidden, vocab.size, bias=False)
         self.lm_head.weight.data = target.lm_head[vocab.draft_ids].clone()
         self.register_buffer("embed", frozen(target.embed), persistent=False)
-        self.rope = Rope(config, self.layer.head_dim, config.max_position_embeddings + 16)
+        self.rope = RopeCache(config, self.layer.head_dim, config.max_position_embeddings + 16,
+                              torch.device("cpu"), torch.float32)
         self.requires_grad_(True)
 
     def first_hidden(self, batch: Batch) -> torch.Tensor:

@@ -15,9 +15,10 @@ from torch import nn
 
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
+from ...spec.drafter_modules import RopeCache
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
-from ..ttt import Rope, ttt_attend
+from ..ttt import ttt_attend
 
 
 @register
@@ -34,7 +35,8 @@ class MtpTrainable(ChainTrainable):
         self.head_norm.weight.data = target.norm_weight.clone()
         self.register_buffer("embed", frozen(target.embed), persistent=False)
         self.register_buffer("head", frozen(target.lm_head[vocab.draft_ids]), persistent=False)
-        self.rope = Rope(config, self.layer.head_dim, config.max_position_embeddings + 16)
+        self.rope = RopeCache(config, self.layer.head_dim, config.max_position_embeddings + 16,
+                              torch.device("cpu"), torch.float32)
         self.requires_grad_(True)
 
     def first_hidden(self, batch: Batch) -> torch.Tensor:
