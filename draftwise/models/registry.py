@@ -109,6 +109,25 @@ def load_layer(layer: nn.Module, weights: dict[str, torch.Tensor], prefix: str, 
         param.data = tensor.float()
 
 
+def layer_hf_tensors(layer: nn.Module, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The inverse of ``load_layer``: a ``DecoderLayer``'s parameters under Hugging Face names
+    (q/k/v and gate/up split again), leaving out the modules named in ``skip``."""
+    out = {}
+    for name, param in layer.named_parameters():
+        module, leaf = name.split(".", 1)
+        if module in skip:
+            continue
+        if module in _FUSED:
+            group = "self_attn." if module == "qkv_proj" else "mlp."
+            sizes = layer.split if module == "qkv_proj" else (param.shape[0] // 2,) * 2
+            for part, tensor in zip(_FUSED[module], param.detach().split(sizes)):
+                out[f"{prefix}{group}{part}.{leaf}"] = tensor
+        else:
+            hf = "post_attention_layernorm" if module == "pre_mlp_norm" else _HF_NAMES[module]
+            out[f"{prefix}{hf}.{leaf}"] = param.detach()
+    return out
+
+
 def _missing(weights: dict, prefix: str, module: str, leaf: str) -> str:
     if module in _FUSED:
         group = "self_attn." if module == "qkv_proj" else "mlp."

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ..models.loader import load_weights, resolve_model
-from ..models.registry import load_config
+from ..models.registry import layer_hf_tensors, load_config
 from .dataset import Batch, DraftVocab
 
 TRAINERS: dict[str, type["TrainableDrafter"]] = {}
@@ -122,18 +122,8 @@ def frozen(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def layer_tensors(layer: nn.Module, prefix: str, input_norm: bool = True) -> dict[str, torch.Tensor]:
-    """A ``DecoderLayer``'s weights under Hugging Face Llama names (q/k/v and gate/up split)."""
-    q_size, kv_size, _ = layer.split
-    q, k, v = layer.qkv_proj.weight.split((q_size, kv_size, kv_size))
-    gate, up = layer.gate_up_proj.weight.chunk(2)
-    out = {f"{prefix}self_attn.q_proj.weight": q, f"{prefix}self_attn.k_proj.weight": k,
-           f"{prefix}self_attn.v_proj.weight": v, f"{prefix}self_attn.o_proj.weight": layer.o_proj.weight,
-           f"{prefix}mlp.gate_proj.weight": gate, f"{prefix}mlp.up_proj.weight": up,
-           f"{prefix}mlp.down_proj.weight": layer.down_proj.weight,
-           f"{prefix}post_attention_layernorm.weight": layer.pre_mlp_norm.weight}
-    if input_norm:
-        out[f"{prefix}input_layernorm.weight"] = layer.input_norm.weight
-    return {name: t.detach() for name, t in out.items()}
+    """A ``DecoderLayer``'s weights under Hugging Face Llama names (``input_norm=False``: EAGLE's layer 0)."""
+    return layer_hf_tensors(layer, prefix, skip=() if input_norm else ("input_norm",))
 
 
 class ChainTrainable(TrainableDrafter):
