@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
-from draftwise.engine.sequence import Sequence, SequenceStatus
+from draftwise.sequence import Sequence, SequenceStatus
 from draftwise.models.loader import resolve_model
 from draftwise.sampling_params import SamplingParams
-from draftwise.spec.config import SpeculativeConfig
-from draftwise.spec.interface import ProposeBatch
+from draftwise.spec_decode.config import SpeculativeConfig
+from draftwise.spec_decode.interface import ProposeBatch
 from draftwise.workloads import humaneval_path, load_workload
 
 DEPTH = 24

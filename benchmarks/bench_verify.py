@@ -44,7 +44,7 @@ import torch
 from draftwise import LLM, SamplingParams
 from draftwise.models.loader import resolve_model
 from draftwise.outputs import RequestOutput
-from draftwise.spec.metrics import SpecDecodingStats
+from draftwise.spec_decode.metrics import SpecDecodingStats
 from draftwise.workloads import BenchPrompt, load_workload
 
 WARMUP = BenchPrompt("warmup", messages=[{"role": "user", "content": "Say hello."}])

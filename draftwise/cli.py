@@ -11,9 +11,10 @@ Bad values exit with status 2 and one line saying what is wrong.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from .validate import json_flag
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -39,19 +40,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes, tensor_parallel_size=args.tensor_parallel_size,
                 speculative_config=json_flag("--speculative-config", args.speculative_config),
                 additional_config=json_flag("--additional-config", args.additional_config))
-
-
-def json_flag(flag: str, text: str | None) -> dict | None:
-    """A JSON-object flag (``--speculative-config`` etc.) parsed; ValueError names the flag."""
-    if text is None:
-        return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
-    return raw
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

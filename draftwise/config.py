@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from .kv_transfer import KVTransferConfig
-from .spec.config import SpeculativeConfig
-from .spec.verify_config import RejectionSamplerConfig
+from .sample.verify_config import RejectionSamplerConfig
+from .spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

@@ -12,7 +12,7 @@ from draftwise.engine.draft_length import (
     linear_step_costs,
     measure_step_costs,
 )
-from draftwise.engine.sequence import Sequence
+from draftwise.sequence import Sequence
 from draftwise.sampling_params import SamplingParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
@@ -70,7 +70,7 @@ def test_cut_drafts_change_nothing_but_the_draft_count(tiny_model_dir, tiny_llm)
 
 def test_measured_step_costs_are_sane_and_free_their_blocks(tiny_llm):
     engine = tiny_llm.llm_engine
-    costs = measure_step_costs(engine.runner, engine.block_manager, max_num_drafts=4, context_len=32)
+    costs = measure_step_costs(engine.runner.paged, engine.block_manager, max_num_drafts=4, context_len=32)
     assert len(costs) == 5 and costs[0] == 1.0 and all(0.0 < c < 50.0 for c in costs)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 

@@ -240,7 +240,7 @@ def test_bad_drafter_checkpoints_are_named(case, tiny_model_dir, spec_dirs, tmp_
 
 
 def test_method_inferred_from_speculators_config(tiny_model_dir, spec_dirs):
-    from draftwise.spec import SpeculativeConfig
+    from draftwise.spec_decode import SpeculativeConfig
 
     config = SpeculativeConfig.from_value({"model": str(spec_dirs["eagle3_speculators"])})
     assert (config.method, config.num_speculative_tokens) == ("eagle3", 3)

@@ -1,5 +1,8 @@
 """The proposer contract, checked for every registered method: shapes, -1 padding, clipping to
-``max_num_drafts`` (including zero), and release of per-sequence state."""
+``max_num_drafts`` (including zero), and release of per-sequence state.
+
+The ``check_*`` functions are the contract; any engine with a proposer can be run through
+them (``test_new_method.py`` does so for a proposer defined in a test module)."""
 from __future__ import annotations
 
 import pytest
@@ -8,11 +11,11 @@ from conftest import PROMPTS, greedy
 from test_spec_equivalence import drafting_methods, spec_configs
 
 from draftwise import LLM
-from draftwise.engine.model_runner import ForwardInput
-from draftwise.engine.sequence import Sequence
+from draftwise.paged import ForwardInput
 from draftwise.sampling_params import SamplingParams
-from draftwise.spec import ProposeBatch
-from draftwise.spec.interface import TargetHidden
+from draftwise.sequence import Sequence
+from draftwise.spec_decode import ProposeBatch
+from draftwise.spec_decode.interface import TargetHidden
 
 
 @pytest.fixture(scope="module", params=drafting_methods())
@@ -38,12 +41,12 @@ def _batch(engine, seqs: list[Sequence], limits: list[int]) -> ProposeBatch:
     needs = engine.speculator.needs
     if not (needs.hidden_states or needs.aux_layer_ids):
         return ProposeBatch(seqs, limits)
-    hidden, aux, cu = engine.runner.forward([ForwardInput(s.all_token_ids, 0, s.block_ids) for s in seqs],
+    hidden, aux, cu = engine.runner.paged.forward([ForwardInput(s.all_token_ids, 0, s.block_ids) for s in seqs],
                                             needs.aux_layer_ids)
     return ProposeBatch(seqs, limits, TargetHidden(hidden, aux, cu, seqs, [0] * len(seqs)))
 
 
-def test_shapes_padding_and_clipping(engine):
+def check_shapes_padding_and_clipping(engine):
     seqs = _running_seqs(engine, PROMPTS[:5])
     limits = [0, 1, 3, 2, 3]
     proposer = engine.speculator.proposer
@@ -64,7 +67,7 @@ def test_shapes_padding_and_clipping(engine):
         engine.block_manager.free(seq)
 
 
-def test_all_zero_limits_give_an_empty_batch(engine):
+def check_all_zero_limits_give_an_empty_batch(engine):
     seqs = _running_seqs(engine, PROMPTS[:2])
     drafts = engine.speculator.proposer.propose(_batch(engine, seqs, [0, 0]))
     assert drafts.num_draft_tokens == [0, 0] and drafts.token_ids.shape == (2, 0)
@@ -73,7 +76,7 @@ def test_all_zero_limits_give_an_empty_batch(engine):
         engine.block_manager.free(seq)
 
 
-def test_state_is_released_after_requests_finish_or_abort(engine):
+def check_state_is_released_after_requests_finish_or_abort(engine):
     llm_engine = engine
     proposer = llm_engine.speculator.proposer
     llm_engine.add_request("done", PROMPTS[6], greedy(12))
@@ -87,12 +90,28 @@ def test_state_is_released_after_requests_finish_or_abort(engine):
     assert llm_engine.block_manager.num_free_blocks == llm_engine.block_manager.num_blocks
 
 
+def check_drafts_respect_max_tokens_and_max_model_len(llm):
+    prompt_len = len(llm.get_tokenizer().encode(PROMPTS[6]))
+    out = llm.generate(PROMPTS[6], greedy(200, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == llm.llm_engine.max_model_len - prompt_len and out.finish_reason == "length"
+    for max_tokens in (1, 2, 7):
+        out = llm.generate(PROMPTS[6], greedy(max_tokens, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+        assert len(out.token_ids) == max_tokens
+
+
+def test_shapes_padding_and_clipping(engine):
+    check_shapes_padding_and_clipping(engine)
+
+
+def test_all_zero_limits_give_an_empty_batch(engine):
+    check_all_zero_limits_give_an_empty_batch(engine)
+
+
+def test_state_is_released_after_requests_finish_or_abort(engine):
+    check_state_is_released_after_requests_finish_or_abort(engine)
+
+
 def test_drafts_respect_max_tokens_and_max_model_len(tiny_model_dir, spec_dirs):
     for config in spec_configs(spec_dirs).values():
         llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=config, max_model_len=128)
-        prompt_len = len(llm.get_tokenizer().encode(PROMPTS[6]))
-        out = llm.generate(PROMPTS[6], greedy(200, ignore_eos=True), use_tqdm=False)[0].outputs[0]
-        assert len(out.token_ids) == 128 - prompt_len and out.finish_reason == "length"
-        for max_tokens in (1, 2, 7):
-            out = llm.generate(PROMPTS[6], greedy(max_tokens, ignore_eos=True), use_tqdm=False)[0].outputs[0]
-            assert len(out.token_ids) == max_tokens
+        check_drafts_respect_max_tokens_and_max_model_len(llm)

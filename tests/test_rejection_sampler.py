@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from draftwise.layers.sampler import SamplingMetadata
-from draftwise.spec.rejection_sampler import VerifyInput, rejection_sample
+from draftwise.sample import SamplingMetadata, SpecDecodeMetadata
+from draftwise.sample.rejection_sampler import rejection_sample
 
 VOCAB = 6
 
@@ -24,14 +24,19 @@ def _meta(num_seqs: int, k: int, greedy: bool, temperature: float = 1.0) -> Samp
         positions=torch.arange(k + 1).repeat(num_seqs) + 100)
 
 
-def _inputs(drafts: torch.Tensor, draft_probs: torch.Tensor | None = None) -> VerifyInput:
+def _inputs(drafts: torch.Tensor,  # [num_seqs, K], -1 past each sequence's drafts
+            draft_probs: torch.Tensor | None = None  # [num_seqs, K, vocab]
+            ) -> SpecDecodeMetadata:
+    """Metadata for logits laid out with K + 1 rows per sequence, padded or not."""
     num_seqs, k = drafts.shape
-    num = (drafts >= 0).sum(dim=1)
-    row_index = torch.arange(num_seqs)[:, None] * (k + 1) + torch.arange(k + 1)[None, :]
-    inp = VerifyInput(drafts, num, row_index)
+    valid = drafts >= 0
+    num = valid.sum(dim=1)
+    rows = torch.arange(num_seqs)[:, None] * (k + 1) + torch.arange(k)[None, :]  # [num_seqs, K]
+    probs = has_probs = None
     if draft_probs is not None:
-        inp.draft_probs, inp.has_probs = draft_probs, torch.ones(num_seqs, dtype=torch.bool)
-    return inp
+        probs, has_probs = draft_probs[valid], torch.ones(num_seqs, dtype=torch.bool)
+    return SpecDecodeMetadata(drafts[valid], num.tolist(), num.cumsum(0), rows[valid],
+                              torch.arange(num_seqs) * (k + 1) + num, probs, has_probs)
 
 
 def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -60,7 +65,8 @@ def test_padded_drafts_never_match():
     drafts = torch.tensor([[0, -1], [-1, -1]])
     out = rejection_sample(logits, _meta(2, 2, greedy=True), _inputs(drafts))
     assert out.num_accepted.tolist() == [1, 0]
-    assert out.token_ids.tolist() == [[0, 0, -1], [0, -1, -1]]
+    # [num_seqs, max_spec_len + 1]: the widest sequence here has one draft
+    assert out.token_ids.tolist() == [[0, 0], [0, -1]]
     assert out.row_token_ids.tolist() == [0, 0, -1, 0, -1, -1]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from draftwise.config import EngineConfig
-from draftwise.spec.config import SpeculativeConfig
+from draftwise.spec_decode.config import SpeculativeConfig
 
 
 def parse(raw, tp=1):

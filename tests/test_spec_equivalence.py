@@ -8,7 +8,7 @@ import torch
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM, SamplingParams
-from draftwise.spec import registered_methods
+from draftwise.spec_decode import registered_methods
 
 MAX_TOKENS = [30, 12, 40, 16, 8, 24, 36, 20]
 # A prompt that repeats itself, so n-gram and suffix drafts get accepted.

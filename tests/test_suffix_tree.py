@@ -7,7 +7,7 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.spec.suffix_tree import CHILDREN, COUNT, SuffixTree
+from draftwise.spec_decode.suffix_tree import CHILDREN, COUNT, SuffixTree
 
 
 def _paths(tree: SuffixTree) -> dict[tuple[int, ...], int]:

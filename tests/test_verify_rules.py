@@ -17,9 +17,9 @@ from test_rejection_sampler import _chi2_pvalue, _inputs, _meta
 
 from draftwise import LLM, SamplingParams
 from draftwise.config import EngineConfig
-from draftwise.layers.sampler import uniform_noise
-from draftwise.spec.rejection_sampler import ACCEPT_STREAM, rejection_sample
-from draftwise.spec.verify_config import RejectionSamplerConfig
+from draftwise.sample.logits import uniform_noise
+from draftwise.sample.rejection_sampler import ACCEPT_STREAM, rejection_sample
+from draftwise.sample.verify_config import RejectionSamplerConfig
 
 BLOCK = RejectionSamplerConfig(enable_block_verify=True)
 CUMULATIVE = RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative")

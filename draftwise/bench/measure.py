@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from .. import LLM, SamplingParams
-from ..spec.metrics import SpecDecodingStats
+from ..spec_decode.metrics import SpecDecodingStats
 from ..workloads import BenchPrompt
 from .options import BenchOptions, Configuration
 

@@ -18,9 +18,9 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..cli import json_flag
-from ..spec.config import SpeculativeConfig
-from ..spec.interface import registered_methods
+from ..spec_decode.config import SpeculativeConfig
+from ..spec_decode.interface import registered_methods
+from ..validate import json_flag
 
 COMPARE_CHOICES = ("transformers",)
 

@@ -21,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..spec.metrics import SpecDecodingStats
+from ..spec_decode.metrics import SpecDecodingStats
 from .measure import PassResult
 
 MS = 1000.0

@@ -29,9 +29,9 @@ from itertools import accumulate
 
 import torch
 
+from ..paged import ForwardInput
 from ..sampling_params import SamplingParams
-from .model_runner import ForwardInput
-from .sequence import Sequence
+from ..sequence import Sequence
 
 PRIOR = 0.5  # acceptance assumed before a sequence has verified anything
 PSEUDO = 1.0  # weight of the prior, in trials
@@ -97,7 +97,7 @@ class DraftLengthPolicy:
 
 
 @torch.inference_mode()
-def measure_step_costs(runner, block_manager, max_num_drafts: int, context_len: int = 128,
+def measure_step_costs(target, block_manager, max_num_drafts: int, context_len: int = 128,
                        repeats: int = 3) -> list[float]:
     """``step_costs`` for 0..``max_num_drafts`` drafts, timed on this machine.
 
@@ -111,8 +111,8 @@ def measure_step_costs(runner, block_manager, max_num_drafts: int, context_len: 
     if not block_manager.ensure(dummy, context_len + max_num_drafts + 1):
         return [1.0] * (max_num_drafts + 1)
     try:
-        runner.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
-        times = {rows: _best_time(runner, dummy, context_len, rows, repeats)
+        target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
+        times = {rows: _best_time(target, dummy, context_len, rows, repeats)
                  for rows in sorted({1, 2, max_num_drafts + 1})}
     finally:
         block_manager.free(dummy)
@@ -121,12 +121,12 @@ def measure_step_costs(runner, block_manager, max_num_drafts: int, context_len: 
     return [1.0] + [first + (last - first) * (k - 1) / span for k in range(1, max_num_drafts + 1)]
 
 
-def _best_time(runner, dummy: Sequence, context_len: int, rows: int, repeats: int) -> float:
+def _best_time(target, dummy: Sequence, context_len: int, rows: int, repeats: int) -> float:
     batch = [ForwardInput([0] * rows, context_len, dummy.block_ids)]
     samples = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
-        hidden, _, _ = runner.forward(batch)
-        runner.model.compute_logits(hidden).max(dim=-1).indices.tolist()
+        hidden, _, _ = target.forward(batch)
+        target.compute_logits(hidden).max(dim=-1).indices.tolist()
         samples.append(time.perf_counter() - start)
     return min(samples[1:])

@@ -9,7 +9,10 @@ that progressed (finished ones are released from the cache at once).
 
 With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
 the next step verifies them in the same target forward that decodes, and
-rolls rejected positions back (see ``speculation.py``).
+``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
+
+Every KV tensor (the target's and a drafter's) comes from one ``KVPool``,
+sized together for ``kv_cache_memory_bytes``.
 """
 from __future__ import annotations
 
@@ -25,14 +28,13 @@ from ..config import EngineConfig
 from ..models.loader import resolve_model
 from ..models.registry import build_model, load_config
 from ..outputs import RequestOutput
+from ..paged import KVPool, PagedModel
 from ..sampling_params import SamplingParams
-from ..spec.interface import TargetInfo
-from .block_manager import BlockManager
-from .memory import default_kv_cache_bytes
+from ..sequence import Sequence
+from ..spec_decode.interface import TargetInfo
 from .model_runner import ModelRunner
 from .output_processor import OutputProcessor
 from .scheduler import Scheduler
-from .sequence import Sequence
 from .speculation import Speculator
 
 logger = logging.getLogger("draftwise")
@@ -58,18 +60,17 @@ class LLMEngine:
                             gguf_int4=extra.get("gguf_int4", False))
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
         self.speculator = self._make_speculator(model) if config.speculative else None
-        per_token = ModelRunner.kv_bytes_per_token(model, self.dtype)
+        pool = KVPool(config.block_size, self.dtype, self.device)
+        pool.add("target", PagedModel.kv_cache_spec(model))
         if self.speculator:
-            per_token += self.speculator.kv_bytes_per_token()
-        kv_bytes = config.kv_cache_memory_bytes or default_kv_cache_bytes(
-            per_token, config.max_num_seqs, self.max_model_len, self.device)
-        num_blocks = kv_bytes // (per_token * config.block_size)
-        self.block_manager = BlockManager(num_blocks, config.block_size)
-        self.runner = ModelRunner(model, self.device, self.dtype, num_blocks, config.block_size,
-                                  self.eos_token_ids, config.rejection_sampler)
+            self.speculator.add_kv(pool)
+        self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len)
+        num_blocks = self.block_manager.num_blocks
+        paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device)
+        self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
         if self.speculator:
-            self.speculator.bind(self.block_manager)
-            self.speculator.calibrate(self.runner)
+            self.speculator.bind(pool)
+            self.speculator.calibrate(paged)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -135,6 +136,8 @@ class LLMEngine:
         result = self.runner.execute(plan.scheduled, spec.needs if spec else None)
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+        for seq, num_accepted in zip(result.seqs, result.num_accepted):
+            self.block_manager.rollback(seq, num_accepted)
         if spec:
             spec.on_verified(result)
             for seq in plan.preempted:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from ..sequence import Sequence
 from .model_runner import StepResult
-from .sequence import Sequence
 
 
 class OutputProcessor:

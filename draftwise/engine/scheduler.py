@@ -17,8 +17,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
-from .sequence import Sequence, SequenceStatus
+from ..paged import BlockManager
+from ..sequence import Sequence, SequenceStatus
 
 
 @dataclass

@@ -2,28 +2,28 @@
 
 ``Speculator`` wraps the configured proposer. After each target step:
 
-1. ``on_verified``: the accepted drafts' K/V stay (``num_computed_tokens``
-   advances past them); rejected positions are simply not counted, so the
-   next step overwrites their slots. Counters and the interval log line are
-   updated.
-2. (the engine appends the emitted tokens and releases finished sequences)
-3. ``propose``: blocks past the sequence's end are given back, a drafter's
-   own KV is clipped to the positions it saw that were accepted, and the
-   proposer drafts for every sequence still running, each clipped to
-   ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``, the length
-   worth verifying (``draft_length.py``) and the KV blocks it can get.
+1. (the engine has already rolled the cache back: ``BlockManager.rollback``
+   kept the accepted drafts' K/V, in the target's and the drafter's tensors)
+2. ``on_verified``: counters, the interval log line and the draft length
+   policy's acceptance estimates are updated.
+3. (the engine appends the emitted tokens and releases finished sequences)
+4. ``propose``: the proposer drafts for every sequence still running, each
+   clipped to ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``,
+   the length worth verifying (``draft_length.py``) and the KV blocks it can get.
 """
 from __future__ import annotations
 
 import os
 
-from ..spec.config import SpeculativeConfig
-from ..spec.interface import ProposeBatch, ProposerNeeds, TargetInfo
-from ..spec.metrics import SpecDecodingLogger, SpecDecodingStats
-from .block_manager import BlockManager
+from ..paged import BlockManager, KVPool, PagedModel
+from ..sequence import Sequence
+from ..spec_decode.config import SpeculativeConfig
+from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
+from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
 from .draft_length import DraftLengthPolicy, linear_step_costs, measure_step_costs
-from .model_runner import ModelRunner, StepResult
-from .sequence import Sequence
+from .model_runner import StepResult
+
+DRAFTER_KV = "drafter"  # the proposer's member of the KV pool
 
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 
@@ -43,14 +43,18 @@ class Speculator:
     def needs(self) -> ProposerNeeds:
         return self.proposer.needs
 
-    def kv_bytes_per_token(self) -> int:
-        return self.proposer.kv_bytes_per_token()
+    def add_kv(self, pool: KVPool) -> None:
+        """Declare the proposer's own KV cache, if it has one, as a member of the pool."""
+        spec = self.proposer.kv_cache_spec()
+        if spec is not None:
+            pool.add(DRAFTER_KV, spec)
 
-    def bind(self, block_manager: BlockManager) -> None:
-        self.block_manager = block_manager
-        self.proposer.bind_kv_pool(block_manager.num_blocks)
+    def bind(self, pool: KVPool) -> None:
+        self.block_manager = pool.block_manager
+        if DRAFTER_KV in pool.tensors:
+            self.proposer.bind_kv_cache(pool.tensor(DRAFTER_KV))
 
-    def calibrate(self, runner: ModelRunner) -> None:
+    def calibrate(self, target: PagedModel) -> None:
         """Measure what verifying drafts costs, which sets how long drafts are worth making.
 
         ``DRAFTWISE_VERIFY_ROW_COST`` (a number >= 0: each verify row costs that share of a
@@ -61,17 +65,15 @@ class Speculator:
             costs = linear_step_costs(_row_cost_from_env(fixed), self.num_spec_tokens)
         else:
             context_len = min(128, self.max_model_len - self.num_spec_tokens - 1)
-            costs = measure_step_costs(runner, self.block_manager, self.num_spec_tokens, context_len)
+            costs = measure_step_costs(target, self.block_manager, self.num_spec_tokens, context_len)
         self.policy = DraftLengthPolicy(costs)
 
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
-        for seq, tokens, num_drafts in zip(result.seqs, result.token_ids, result.num_draft_tokens):
+        for seq, num_accepted, num_drafts in zip(result.seqs, result.num_accepted, result.num_draft_tokens):
             seq.spec_token_ids, seq.spec_probs = [], None
             if num_drafts == 0:
                 continue
-            num_accepted = len(tokens) - 1
-            seq.num_computed_tokens += num_accepted
             seq.num_drafts += 1
             seq.num_draft_tokens += num_drafts
             seq.num_accepted_tokens += num_accepted
@@ -85,11 +87,7 @@ class Speculator:
         seqs = [seq for seq in result.seqs if not seq.is_finished]
         if not seqs and result.target_hidden is None:
             return  # (a proposer reading hidden states still sees the rows of prefill chunks)
-        limits = []
-        for seq in seqs:
-            self.block_manager.trim(seq, seq.num_tokens)
-            seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_tokens - 1)
-            limits.append(self._max_num_drafts(seq))
+        limits = [self._max_num_drafts(seq) for seq in seqs]
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
         if not seqs:
             return

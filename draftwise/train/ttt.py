@@ -19,7 +19,7 @@ import torch
 
 from ..layers.common import apply_rope
 from ..models.decoder import DecoderLayer
-from ..spec.drafter_modules import RopeCache
+from ..spec_decode.drafter_modules import RopeCache
 
 
 class TTTCache:

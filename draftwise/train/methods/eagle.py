@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.decoder import ArchSpec, DecoderLayer
-from ...spec.drafter_modules import RopeCache
+from ...spec_decode.drafter_modules import RopeCache
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register, shift_left
 from ..ttt import ttt_attend

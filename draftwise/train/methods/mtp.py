@@ -15,7 +15,7 @@ from torch import nn
 
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
-from ...spec.drafter_modules import RopeCache
+from ...spec_decode.drafter_modules import RopeCache
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
 from ..ttt import ttt_attend

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from .validate import PREFIX
+from ..validate import PREFIX
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``suffix``: suffix decoding (SuffixDecoding, Oliaro et al. 2024; vLLM's ``suffix`` method).
 
-Two frequency suffix trees (``draftwise.spec.suffix_tree``):
+Two frequency suffix trees (``draftwise.spec_decode.suffix_tree``):
 
 * a local tree per running sequence over its prompt + output, and
 * one global tree over the outputs of running sequences and of the last
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from ...validate import check_float, check_int
 from ..interface import DraftBatch, ProposeBatch, Proposer, register
 from ..suffix_tree import EMPTY_DRAFT, SuffixDraft, SuffixTree
-from ..validate import check_float, check_int
 
 
 @register

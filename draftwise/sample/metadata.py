@@ -1,4 +1,4 @@
-"""Per-row sampling settings for one step, including the rows that verify drafts.
+"""Per-row sampling settings for one step (``SamplingMetadata``), including the rows that verify drafts.
 
 A sequence that samples contributes ``num_drafts + 1`` rows: row ``j`` draws
 the token at position ``seq.num_tokens + j`` as if drafts ``[0, j)`` were
@@ -9,10 +9,37 @@ at that point, which keeps verification lossless and seeds reproducible.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..layers.sampler import Penalties, SamplingMetadata
-from .sequence import Sequence
+from ..sequence import Sequence
+
+
+@dataclass
+class SamplingMetadata:
+    """Per-row sampling settings for one step; each tensor is ``[num_rows]`` unless noted."""
+    all_greedy: bool
+    greedy: torch.Tensor  # bool
+    temperature: torch.Tensor  # float32, 1.0 on greedy rows
+    top_k: torch.Tensor | None  # int64, vocab_size where disabled; None if no row uses it
+    top_p: torch.Tensor | None  # float32
+    min_p: torch.Tensor | None  # float32
+    seeds: torch.Tensor  # int64
+    positions: torch.Tensor  # int64, position of the token being sampled
+    penalties: "Penalties | None" = None
+    suppress_rows: torch.Tensor | None = None  # int64 [num_pairs] with suppress_ids: banned (row, id)
+    suppress_ids: torch.Tensor | None = None
+    max_num_logprobs: int | None = None
+
+
+@dataclass
+class Penalties:
+    presence: torch.Tensor  # [num_rows]
+    frequency: torch.Tensor  # [num_rows]
+    repetition: torch.Tensor  # [num_rows]
+    output_counts: torch.Tensor  # [num_rows, vocab] float32 occurrences in the output
+    seen: torch.Tensor  # [num_rows, vocab] bool, token occurs in prompt or output
 
 
 def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab_size: int,

@@ -1,56 +1,21 @@
-"""Sampling: logits of the rows that produce a token -> token ids (+ logprobs).
+"""Logit processing and the target draw, shared by plain sampling and verification.
 
 Order of processing (as vLLM): penalties and min-tokens suppression on the
-raw logits; greedy rows take the argmax there. Sampled rows then go through
-temperature, min-p, top-k and top-p, and draw with the Gumbel-max trick
-``argmax(p / E)``, ``E ~ Exp(1)``. The noise is a pure function of
-``(seed, position, token id)`` (``uniform_noise``), so a request with a seed
-gets the same tokens whatever else is in the batch, after preemption, and
-with speculation on. Logprobs are the log-softmax of the raw logits (vLLM's
-default). Everything is batched: no loop over rows or vocabulary.
+raw logits (``process_logits``); greedy rows take the argmax there. Sampled
+rows then go through temperature, min-p, top-k and top-p (``target_probs``)
+and draw with the Gumbel-max trick ``argmax(p / E)``, ``E ~ Exp(1)``
+(``draw``). The noise is a pure function of ``(seed, position, token id)``
+(``uniform_noise``), so a request with a seed gets the same tokens whatever
+else is in the batch, after preemption, and with speculation on.
+Everything is batched: no loop over rows or vocabulary.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from .metadata import Penalties, SamplingMetadata
+
 _MASK32 = 0xFFFFFFFF
-
-
-@dataclass
-class SamplingMetadata:
-    """Per-row sampling settings for one step; each tensor is ``[num_rows]`` unless noted."""
-    all_greedy: bool
-    greedy: torch.Tensor  # bool
-    temperature: torch.Tensor  # float32, 1.0 on greedy rows
-    top_k: torch.Tensor | None  # int64, vocab_size where disabled; None if no row uses it
-    top_p: torch.Tensor | None  # float32
-    min_p: torch.Tensor | None  # float32
-    seeds: torch.Tensor  # int64
-    positions: torch.Tensor  # int64, position of the token being sampled
-    penalties: "Penalties | None" = None
-    suppress_rows: torch.Tensor | None = None  # int64 [num_pairs] with suppress_ids: banned (row, id)
-    suppress_ids: torch.Tensor | None = None
-    max_num_logprobs: int | None = None
-
-
-@dataclass
-class Penalties:
-    presence: torch.Tensor  # [num_rows]
-    frequency: torch.Tensor  # [num_rows]
-    repetition: torch.Tensor  # [num_rows]
-    output_counts: torch.Tensor  # [num_rows, vocab] float32 occurrences in the output
-    seen: torch.Tensor  # [num_rows, vocab] bool, token occurs in prompt or output
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: torch.Tensor  # [num_rows] int64
-    logprobs: torch.Tensor | None = None  # [num_rows] logprob of the sampled token
-    ranks: torch.Tensor | None = None  # [num_rows]
-    top_ids: torch.Tensor | None = None  # [num_rows, max_num_logprobs]
-    top_logprobs: torch.Tensor | None = None  # [num_rows, max_num_logprobs]
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -118,21 +83,14 @@ def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor
     return logits
 
 
-def sample(logits: torch.Tensor,  # [num_rows, vocab] float32 raw model logits
-           meta: SamplingMetadata) -> SamplerOutput:
-    processed = process_logits(logits, meta)
+def draw(processed: torch.Tensor,  # [num_rows, vocab] penalised logits
+         meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's token as plain decoding draws it ([num_rows] int64), and the target probs
+    ([num_rows, vocab]; None when every row is greedy)."""
     token_ids = processed.argmax(dim=-1)
-    if not meta.all_greedy:
-        probs = target_probs(processed, meta)
-        exp_noise = -torch.log(uniform_noise(meta.seeds, meta.positions, probs.shape[-1]))
-        sampled = (probs / exp_noise).argmax(dim=-1)
-        token_ids = torch.where(meta.greedy, token_ids, sampled)
-    out = SamplerOutput(token_ids=token_ids)
-    if meta.max_num_logprobs is not None:
-        logprobs = logits.log_softmax(dim=-1)
-        chosen = logprobs.gather(1, token_ids[:, None])
-        out.logprobs = chosen.squeeze(1)
-        out.ranks = (logprobs > chosen).sum(dim=-1) + 1
-        if meta.max_num_logprobs > 0:
-            out.top_logprobs, out.top_ids = logprobs.topk(meta.max_num_logprobs, dim=-1)
-    return out
+    if meta.all_greedy:
+        return token_ids, None
+    probs = target_probs(processed, meta)
+    exp_noise = -torch.log(uniform_noise(meta.seeds, meta.positions, probs.shape[-1]))
+    sampled = (probs / exp_noise).argmax(dim=-1)
+    return torch.where(meta.greedy, token_ids, sampled), probs

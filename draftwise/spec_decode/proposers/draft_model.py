@@ -23,13 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ...engine.model_runner import ForwardInput, ModelRunner
-from ...engine.sampling_inputs import build_sampling_metadata
-from ...layers.sampler import target_probs, uniform_noise
 from ...models.loader import resolve_model
 from ...models.registry import build_model, load_config
+from ...paged import ForwardInput, KVCacheSpec, PagedModel
+from ...sample import build_sampling_metadata
+from ...sample.logits import target_probs, uniform_noise
+from ...validate import PREFIX, check_choice
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
-from ..validate import PREFIX, check_choice
 
 DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
 
@@ -64,14 +64,13 @@ class DraftModelProposer(Proposer):
             raise ValueError(f"{PREFIX}['model']={config.model!r}: the draft model handles {limit} positions, "
                              f"fewer than max_model_len={target.max_model_len}; lower max_model_len")
         self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len)
-        self.runner: ModelRunner | None = None
+        self.paged: PagedModel | None = None
 
-    def kv_bytes_per_token(self) -> int:
-        return ModelRunner.kv_bytes_per_token(self.model, self.target.dtype)
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return PagedModel.kv_cache_spec(self.model)
 
-    def bind_kv_pool(self, num_blocks: int) -> None:
-        self.runner = ModelRunner(self.model, self.target.device, self.target.dtype, num_blocks,
-                                  self.target.block_size, set())
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.paged = PagedModel(self.model, kv_cache, self.target.block_size, self.target.device)
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -82,7 +81,7 @@ class DraftModelProposer(Proposer):
                                batch.seqs[i].drafter_num_computed_tokens, batch.seqs[i].block_ids) for i in rows]
         step = 0
         while rows:
-            hidden, _, cu = self.runner.forward(inputs)
+            hidden, _, cu = self.paged.forward(inputs)
             logits = self.model.compute_logits(hidden[torch.tensor(cu[1:]) - 1])  # [num_rows, vocab]
             tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
             next_rows, inputs = [], []

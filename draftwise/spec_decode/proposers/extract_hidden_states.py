@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from safetensors.torch import save_file
 
+from ...validate import PREFIX
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
-from ..validate import PREFIX
 from .eagle3 import aux_layer_ids
 
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...validate import check_int
 from ..interface import DraftBatch, ProposeBatch, Proposer, register
-from ..validate import check_int
 
 
 @register

@@ -1,10 +1,11 @@
 """Lossless verification of draft tokens (the rejection sampler).
 
 Input: the target's raw logits for every verified row, ``n_i + 1`` rows per
-sequence (its ``n_i`` drafts and the bonus position), the drafts, and per-row
-sampling settings. Output: per sequence, the accepted drafts followed by one
-target token (the recovered token at the first rejection, or the bonus token
-when every draft was accepted), padded with -1 to ``[num_seqs, K + 1]``.
+sequence (its ``n_i`` drafts and the bonus position), where they are and the
+drafts (``SpecDecodeMetadata``), and per-row sampling settings. Output: per
+sequence, the accepted drafts followed by one target token (the recovered token
+at the first rejection, or the bonus token when every draft was accepted),
+padded with ``PLACEHOLDER_TOKEN_ID`` to ``[num_seqs, K + 1]``.
 
 Rules (Leviathan et al. 2023, as vLLM):
 
@@ -40,12 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..layers.sampler import (
-    SamplingMetadata,
-    process_logits,
-    target_probs,
-    uniform_noise,
-)
+from .logits import draw, process_logits, uniform_noise
+from .metadata import SamplingMetadata
+from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from .verify_config import RejectionSamplerConfig
 from .verify_rules import block_verify, entropy_thresholds, one_hot_entropy_accept, residuals
 
@@ -56,58 +54,54 @@ _STANDARD = RejectionSamplerConfig()
 
 @dataclass
 class VerifyInput:
-    draft_token_ids: torch.Tensor  # [num_seqs, K] int64, -1 past each sequence's drafts
+    """The padded view of ``SpecDecodeMetadata`` the rules below work on."""
+    draft_token_ids: torch.Tensor  # [num_seqs, K] int64, PLACEHOLDER past each sequence's drafts
     num_draft_tokens: torch.Tensor  # [num_seqs] int64
     row_index: torch.Tensor  # [num_seqs, K + 1] int64 row of (seq, position) in the logits; 0 where padded
     draft_probs: torch.Tensor | None = None  # [num_seqs, K, vocab] or None (all one-hot)
     has_probs: torch.Tensor | None = None  # [num_seqs] bool: this sequence's drafts carry probs
 
+    @classmethod
+    def of(cls, spec: SpecDecodeMetadata) -> "VerifyInput":
+        return cls(spec.padded_drafts(), spec.draft_valid.sum(dim=1), spec.row_index(), spec.padded_probs(),
+                   spec.has_probs)
+
 
 @dataclass
 class VerifyOutput:
-    token_ids: torch.Tensor  # [num_seqs, K + 1] int64, -1 padded
+    token_ids: torch.Tensor  # [num_seqs, K + 1] int64, PLACEHOLDER padded
     num_accepted: torch.Tensor  # [num_seqs] int64 accepted drafts (emitted = num_accepted + 1)
-    row_token_ids: torch.Tensor  # [num_rows] int64 the token emitted at each row (-1 if none)
-
-
-def draw(processed: torch.Tensor,  # [num_rows, vocab] penalised logits
-         meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each row's target token, as plain decoding draws it, and the target probs (None if all greedy)."""
-    token_ids = processed.argmax(dim=-1)
-    if meta.all_greedy:
-        return token_ids, None
-    probs = target_probs(processed, meta)
-    exp_noise = -torch.log(uniform_noise(meta.seeds, meta.positions, probs.shape[-1]))
-    sampled = (probs / exp_noise).argmax(dim=-1)
-    return torch.where(meta.greedy, token_ids, sampled), probs
+    row_token_ids: torch.Tensor  # [num_rows] int64 the token emitted at each row (PLACEHOLDER if none)
+    row_index: torch.Tensor  # [num_seqs, K + 1] logits row of (seq, position), as SpecDecodeMetadata.row_index
 
 
 def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logits, fp32
                      meta: SamplingMetadata,  # per row
-                     inp: VerifyInput,
+                     spec: SpecDecodeMetadata,
                      config: RejectionSamplerConfig | None = None) -> VerifyOutput:
+    inp = VerifyInput.of(spec)
     processed = process_logits(logits, meta)
     target_ids, probs = draw(processed, meta)
     num_seqs, width = inp.row_index.shape
     k = width - 1
     positions = torch.arange(width, device=logits.device)
     valid = positions[None, :] <= inp.num_draft_tokens[:, None]  # [num_seqs, K + 1]
-    target = torch.where(valid, target_ids[inp.row_index], -1)  # [num_seqs, K + 1]
+    target = torch.where(valid, target_ids[inp.row_index], PLACEHOLDER_TOKEN_ID)  # [num_seqs, K + 1]
     drafts = inp.draft_token_ids
-    draft_valid = positions[None, :k] < inp.num_draft_tokens[:, None]  # [num_seqs, K]
+    draft_valid = spec.draft_valid  # [num_seqs, K]
     accept = (drafts == target[:, :k]) & draft_valid  # [num_seqs, K]
     final = target.clone()
     if probs is None:
         num_accepted = _num_leading(accept)
     else:
         num_accepted = _verify_sampled(probs, meta, inp, accept, draft_valid, final, config or _STANDARD)
-    token_ids = torch.where(positions[None, :k] < num_accepted[:, None], drafts, -1)
-    token_ids = torch.cat([token_ids, torch.full_like(token_ids[:, :1], -1)], dim=1)
+    token_ids = torch.where(positions[None, :k] < num_accepted[:, None], drafts, PLACEHOLDER_TOKEN_ID)
+    token_ids = torch.cat([token_ids, torch.full_like(token_ids[:, :1], PLACEHOLDER_TOKEN_ID)], dim=1)
     token_ids.scatter_(1, num_accepted[:, None], final.gather(1, num_accepted[:, None]))
-    row_token_ids = torch.full_like(target_ids, -1)
+    row_token_ids = torch.full_like(target_ids, PLACEHOLDER_TOKEN_ID)
     emitted = positions[None, :] <= num_accepted[:, None]
     row_token_ids[inp.row_index[emitted]] = token_ids[emitted]
-    return VerifyOutput(token_ids, num_accepted, row_token_ids)
+    return VerifyOutput(token_ids, num_accepted, row_token_ids, inp.row_index)
 
 
 def _num_leading(accept: torch.Tensor) -> torch.Tensor:  # [num_seqs, K] bool -> [num_seqs] int64

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine.model_runner import ForwardInput, prepare_batch
 from ..layers.attention import AttentionMetadata
+from ..paged import ForwardInput, KVCacheSpec, prepare_batch
 from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
 
 
@@ -95,15 +95,8 @@ class ChainProposer(Proposer):
             return torch.cat([aux[rows] for aux in hidden.aux_hidden_states], dim=-1)
         return hidden.hidden_states[rows]
 
-    def kv_bytes_per_token(self) -> int:
-        layer = self.model.layers[0]
-        return len(self.model.layers) * 2 * layer.num_kv_heads * layer.head_dim * self.target.dtype.itemsize
-
-    def bind_kv_pool(self, num_blocks: int) -> None:
-        layer = self.model.layers[0]
-        shape = (len(self.model.layers), 2, num_blocks * self.target.block_size, layer.num_kv_heads,
-                 layer.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.target.dtype, device=self.target.device)
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return KVCacheSpec.of_layers(self.model.layers)
 
     def on_finished(self, seq) -> None:
         self.model.release(seq.seq_id)

@@ -24,13 +24,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...engine.model_runner import ForwardInput, prepare_batch
 from ...layers.common import apply_rope
+from ...paged import ForwardInput, prepare_batch
+from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
 from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, place
 from ..interface import DraftBatch, ProposeBatch, ProposerNeeds, TargetHidden, register
-from ..validate import PREFIX
 
 
 def target_layer_ids(config: dict, num_target_layers: int, num_draft_layers: int, what: str) -> list[int]:

@@ -13,13 +13,13 @@ Life cycle, once per engine step, after the step's tokens were appended:
    ``max_model_len``, ``max_tokens`` and free KV slots; a proposer returns at
    most that many drafts per sequence (zero is fine: "no draft this step").
 2. The engine verifies the drafts in the next target forward and rolls back
-   rejected positions. Proposers with their own KV cache roll back lazily:
-   ``seq.drafter_num_computed_tokens`` is clipped by the engine to the
-   positions whose tokens the drafter saw and that were accepted.
+   rejected positions (``BlockManager.rollback``). Proposers with their own
+   KV cache roll back lazily: ``seq.drafter_num_computed_tokens`` is clipped
+   to the positions whose tokens the drafter saw and that were accepted.
 3. ``on_finished(seq)`` when a sequence finishes, aborts or is preempted, so
    per-sequence state (trees, caches) is released.
 
-A method is one file in ``draftwise/spec/proposers/`` that subclasses
+A method is one file in ``draftwise/spec_decode/proposers/`` that subclasses
 ``Proposer`` and decorates it with ``@register``; its method-specific keys of
 ``speculative_config`` are the fields of its nested ``Options`` dataclass.
 """
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 if TYPE_CHECKING:
-    from ..engine.sequence import Sequence
+    from ..paged import KVCacheSpec
+    from ..sequence import Sequence
     from .config import SpeculativeConfig
 
 
@@ -125,12 +126,15 @@ class Proposer(ABC):
     def check_config(cls, config: "SpeculativeConfig") -> None:
         """Method-specific checks of the common keys (e.g. whether ``model`` is required)."""
 
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of this proposer's own KV cache per token slot (0 without one)."""
-        return 0
+    def kv_cache_spec(self) -> "KVCacheSpec | None":
+        """The shape of this proposer's own KV cache (``needs.kv_cache``), None without one.
+        The engine's ``KVPool`` sizes it together with the target's and allocates it."""
+        return None
 
-    def bind_kv_pool(self, num_blocks: int) -> None:
-        """Allocate the proposer's KV cache for ``num_blocks`` blocks (``needs.kv_cache`` only)."""
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Receive the pool's tensor for ``kv_cache_spec``,
+        ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``."""
+        self.kv_cache = kv_cache
 
     @abstractmethod
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -165,7 +169,7 @@ def proposer_class(method: str) -> type[Proposer] | None:
 
 
 def _load_proposers() -> None:
-    """Import every module of ``draftwise.spec.proposers`` once, so each registers itself."""
+    """Import every module of ``draftwise.spec_decode.proposers`` once, so each registers itself."""
     import importlib
     import pkgutil
 

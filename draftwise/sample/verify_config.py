@@ -26,7 +26,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .validate import check_bool, check_choice, check_float
+from ..validate import check_bool, check_choice, check_float
 
 PREFIX = "additional_config['rejection_sampler_config']"
 BLOCK_VERIFY_MODES = ("lossless", "cumulative")

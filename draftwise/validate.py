@@ -1,9 +1,12 @@
-"""Small checks shared by ``SpeculativeConfig``, the proposers' ``Options`` and the verify config.
+"""Checks shared by every config: ``SpeculativeConfig``, the proposers' ``Options``, the verify
+config, and the command line's JSON-object flags.
 
 Each raises ``ValueError`` naming the key (under ``prefix``, by default
-``speculative_config``), the value and what is allowed.
+``speculative_config``) or the flag, the value and what is allowed.
 """
 from __future__ import annotations
+
+import json
 
 PREFIX = "speculative_config"
 
@@ -32,3 +35,16 @@ def check_bool(key: str, value, prefix: str = PREFIX) -> None:
 def check_choice(key: str, value, choices, prefix: str = PREFIX) -> None:
     if value not in choices:
         raise ValueError(f"{prefix}[{key!r}]={value!r} is invalid; allowed: {list(choices)}")
+
+
+def json_flag(flag: str, text: str | None) -> dict | None:
+    """A JSON-object flag (``--speculative-config`` etc.) parsed; ValueError names the flag."""
+    if text is None:
+        return None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return raw

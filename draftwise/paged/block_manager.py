@@ -1,16 +1,23 @@
 """Paged KV-cache bookkeeping: fixed-size blocks, per-sequence block lists.
 
-The cache itself is one tensor owned by the model runner; this class only
-hands out block ids. ``ensure(seq, num_slots)`` grows a sequence's block list
-so that slots ``[0, num_slots)`` exist; ``trim(seq, num_slots)`` gives back
-blocks past ``num_slots``. Together they let a step append several tokens
-(prefill chunks, drafts to verify) and roll rejected ones back in O(blocks).
+The tensors live in the ``KVPool`` (one per member: target, drafter); this
+class only hands out block ids, which address every member's tensor alike.
+``ensure(seq, num_slots)`` grows a sequence's block list so that slots
+``[0, num_slots)`` exist; ``trim(seq, num_slots)`` gives back blocks past
+``num_slots``. Together they let a step append several tokens (prefill
+chunks, drafts to verify).
+
+``rollback(seq, num_accepted)`` is the one place a verify step's outcome
+reaches the cache: it alone advances ``num_computed_tokens`` over accepted
+drafts, gives back blocks past the new end, and clips what a drafter's own
+cache holds (``drafter_num_computed_tokens``) to the accepted positions. The
+K/V of rejected positions stays in its slots and is overwritten later.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 class BlockManager:
@@ -48,3 +55,14 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         self.free_block_ids.extend(reversed(seq.block_ids))
         seq.block_ids = []
+
+    def rollback(self, seq: Sequence, num_accepted: int) -> None:
+        """After a step that sampled for ``seq`` (its ``num_computed_tokens`` already covers the
+        scheduled tokens): keep the K/V of its ``num_accepted`` accepted drafts, drop the rest.
+
+        The next token to compute is then the one just sampled, at position
+        ``num_computed_tokens``; blocks past it go back and drafter positions past it are forgotten.
+        """
+        seq.num_computed_tokens += num_accepted
+        self.trim(seq, seq.num_computed_tokens + 1)
+        seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_computed_tokens)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter
 from ..drafter_modules import RopeCache, decoder_layer, linear, norm, own_embedding, place
 from ..interface import ProposerNeeds, register
-from ..validate import PREFIX
 
 
 class MtpLayer(nn.Module):

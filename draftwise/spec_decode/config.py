@@ -5,8 +5,8 @@ dict or its JSON text (what ``--speculative-config`` / ``-sc`` carries).
 Common keys are checked here; the keys of one method are the fields of its
 proposer's ``Options`` dataclass, which validates them. Every violation
 raises ``ValueError`` naming the key, the value and what is allowed;
-unknown keys are an error. Methods that are known but not built yet raise a
-clear "not implemented yet" error instead of falling back silently.
+unknown keys are an error. The registry of proposers (``interface.py``) is
+the only list of methods: a method is valid when a proposer registered it.
 """
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..drafters import resolve_drafter
+from ..validate import PREFIX, check_bool, check_choice, check_int
 from .drafter_checkpoint import infer_method, speculators_num_tokens
-from .interface import Proposer, proposer_class
-from .validate import PREFIX, check_bool, check_choice, check_int
+from .interface import Proposer, proposer_class, registered_methods
 
-METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "medusa", "mtp", "dflash",
-           "extract_hidden_states")
 _COMMON_KEYS = ("method", "num_speculative_tokens", "model", "draft_model", "draft_tensor_parallel_size",
                 "disable_padded_drafter_batch")
 
@@ -42,11 +40,8 @@ class SpeculativeConfig:
         raw = _as_dict(raw)
         method = _method(raw)
         proposer = proposer_class(method)
-        if proposer is not None and proposer.drafter_in_target and _model(raw) is None and target_model:
+        if proposer.drafter_in_target and _model(raw) is None and target_model:
             raw["model"] = str(target_model)
-        if proposer is None:
-            raise ValueError(f"{PREFIX}['method']={method!r}: this method is not implemented yet in "
-                             f"draftwise; implemented: {_implemented()}")
         option_keys = [f.name for f in dataclasses.fields(proposer.Options)]
         unknown = sorted(set(raw) - set(_COMMON_KEYS) - set(option_keys))
         if unknown:
@@ -86,18 +81,14 @@ def _method(raw: dict) -> str:
         method = infer_method(model) if model else None
         if method is None:
             raise ValueError(f"{PREFIX}: 'method' is required (it could not be inferred from 'model'); "
-                             f"allowed: {list(METHODS)}")
+                             f"allowed: {registered_methods()}")
         raw["method"] = method
         return method
     method = raw["method"]
     if isinstance(method, str) and method.endswith("_mtp"):
         return "mtp"  # deepseek_mtp, qwen3_next_mtp, ...: legacy names of the same method
-    check_choice("method", method, METHODS)
+    check_choice("method", method, registered_methods())
     return method
-
-
-def _implemented() -> list[str]:
-    return [m for m in METHODS if proposer_class(m) is not None]
 
 
 def _num_tokens(raw: dict, proposer: type[Proposer], options) -> int:

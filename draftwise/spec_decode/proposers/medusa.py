@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...validate import PREFIX
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
 from ..drafter_modules import check_width, linear, place
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
-from ..validate import PREFIX
 
 
 class MedusaHeads(nn.Module):

@@ -1,0 +1,41 @@
+"""A ragged batch for a paged forward: each item is (token ids, start position, block ids).
+
+``prepare_batch`` flattens it into the model's inputs: input ids and positions
+``[num_tokens]``, the ``AttentionMetadata`` every layer shares, and
+``cu_num_tokens`` (rows of item ``i`` are ``cu[i]:cu[i + 1]``). The target,
+the draft model and the hidden-state drafters all run their forwards through it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..layers.attention import AttentionMetadata, build_metadata
+
+
+@dataclass
+class ForwardInput:
+    token_ids: list[int]
+    start: int  # position of token_ids[0]
+    block_ids: list[int]
+
+
+def prepare_batch(batch: list[ForwardInput], block_size: int, sliding_window: int | None,
+                  device: torch.device, causal: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+    """Flatten a ragged batch: (input ids [num_tokens], positions [num_tokens], metadata, cu_num_tokens)."""
+    input_ids, positions, cu = [], [], [0]
+    for item in batch:
+        input_ids.extend(item.token_ids)
+        positions.extend(range(item.start, item.start + len(item.token_ids)))
+        cu.append(len(input_ids))
+    width = max(len(item.block_ids) for item in batch)
+    table = torch.full((len(batch), width), -1, dtype=torch.int64)
+    for i, item in enumerate(batch):
+        table[i, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int64)
+    meta = build_metadata(table, [len(b.token_ids) for b in batch], [b.start + len(b.token_ids) for b in batch],
+                          block_size, sliding_window, device, causal)
+    ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
+    pos = torch.tensor(positions, dtype=torch.int64, device=device)
+    return ids, pos, meta, cu

@@ -1,0 +1,91 @@
+"""The paged KV pool: every KV tensor of the engine (target and drafters), sized together.
+
+A member is anything with a paged KV cache: the target model, a draft model,
+a hidden-state drafter's layers. Each declares a ``KVCacheSpec`` (layers, KV
+heads, head size); all members share the block ids the ``BlockManager``
+hands out, so slot ``s`` of a sequence holds position ``p`` in every member's
+tensor at once, and one block table addresses them all.
+
+``KVPool.allocate(budget)`` turns a byte budget (or the default: a quarter
+of free host or GPU memory, at most 2 GiB, no more than the workload can
+use) into a number of blocks, allocates one tensor per member,
+``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``, and the
+``BlockManager`` over them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .block_manager import BlockManager
+
+_DEFAULT_FRACTION = 0.25
+_DEFAULT_CAP = 2 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of_layers(cls, layers) -> "KVCacheSpec":
+        """The spec of a stack of attention layers (each with ``num_kv_heads`` and ``head_dim``)."""
+        return cls(len(layers), layers[0].num_kv_heads, layers[0].head_dim)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype.itemsize
+
+
+class KVPool:
+    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device):
+        self.block_size, self.dtype, self.device = block_size, dtype, device
+        self.specs: dict[str, KVCacheSpec] = {}
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.block_manager: BlockManager | None = None
+
+    def add(self, name: str, spec: KVCacheSpec) -> None:
+        if self.tensors:
+            raise RuntimeError("the KV pool is already allocated")
+        self.specs[name] = spec
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(spec.bytes_per_token(self.dtype) for spec in self.specs.values())
+
+    def allocate(self, budget_bytes: int | None, max_num_seqs: int, max_model_len: int) -> BlockManager:
+        """Size the pool (``budget_bytes`` None: the default) and allocate every member's tensor."""
+        per_token = self.bytes_per_token
+        budget = budget_bytes or default_kv_cache_bytes(per_token, max_num_seqs, max_model_len, self.device)
+        num_blocks = budget // (per_token * self.block_size)
+        self.block_manager = BlockManager(num_blocks, self.block_size)
+        for name, spec in self.specs.items():
+            shape = (spec.num_layers, 2, num_blocks * self.block_size, spec.num_kv_heads, spec.head_dim)
+            self.tensors[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return self.block_manager
+
+    def tensor(self, name: str) -> torch.Tensor:  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
+        return self.tensors[name]
+
+
+def available_memory_bytes(device: torch.device | None = None) -> int:
+    if device is not None and device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int,
+                           device: torch.device | None = None) -> int:
+    """A quarter of free (host or GPU) memory, at most 2 GiB, and no more than the workload can use."""
+    wanted = bytes_per_token * max_num_seqs * max_model_len
+    return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device), _DEFAULT_CAP))

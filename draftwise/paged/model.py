@@ -1,0 +1,39 @@
+"""``PagedModel``: a decoder-only model bound to its tensor of the KV pool.
+
+``forward(batch, aux_layer_ids)`` runs any ragged batch of ``ForwardInput``
+in one pass, writing the new tokens' K/V into the model's paged cache, and
+returns the final-norm hidden states ``[num_tokens, hidden]`` (fp32), the
+auxiliary hidden states asked for, and ``cu_num_tokens``. The target's model
+runner and the ``draft_model`` proposer both run their model this way.
+"""
+from __future__ import annotations
+
+import torch
+
+from .batch import ForwardInput, prepare_batch
+from .kv_pool import KVCacheSpec
+
+
+class PagedModel:
+    def __init__(self, model, kv_cache: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
+                 block_size: int, device: torch.device):
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.device = device
+        self.sliding_window = model.sliding_window if model.uses_sliding_window else None
+
+    @staticmethod
+    def kv_cache_spec(model) -> KVCacheSpec:
+        return KVCacheSpec.of_layers(model.layers)
+
+    @torch.inference_mode()
+    def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()
+                ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+        """(hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens [len(batch) + 1])."""
+        ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device)
+        hidden, aux = self.model(ids, pos, self.kv_cache, meta, aux_layer_ids)
+        return hidden, aux, cu
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, H] -> [num_rows, vocab]
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,8 @@
+"""Sampling and verification: one step's logits in, each sequence's tokens out (see ``sampler.py``)."""
+from .metadata import Penalties, SamplingMetadata, build_sampling_metadata
+from .sampler import HostSample, SamplerOutput, sample
+from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from .verify_config import RejectionSamplerConfig
+
+__all__ = ["PLACEHOLDER_TOKEN_ID", "HostSample", "Penalties", "RejectionSamplerConfig", "SamplerOutput",
+           "SamplingMetadata", "SpecDecodeMetadata", "build_sampling_metadata", "sample"]
