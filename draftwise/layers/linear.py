@@ -1,28 +1,30 @@
-"""Linear layers for CPU bf16 and fp32: oneDNN-packed weights plus a matvec path.
+"""Linear layers for CPU bf16 and fp32 with several kernels, chosen per row count.
 
-oneDNN reorders each weight once at load; calls with several rows (prefill,
-batched decode, verification) then run on the packed AMX kernel. A call with
-a single row (batch-1 decode) uses ``torch.mv`` instead, the fastest bf16
-matrix-vector kernel measured here. SmolLM2 decode, one process, A/B
-alternating on the 2-core dev machine: mv-for-one-row 17.1/16.1/16.4
-tokens/s vs packed-only 13.7/14.0/14.6 vs plain ``F.linear`` about 4% below
-packed-only. ``pack_linears`` swaps every ``nn.Linear`` of a model for a
-``PackedLinear`` when it applies (CPU, bf16, oneDNN with bf16 support);
-elsewhere the model is left as is.
+``PackedLinear`` keeps the weight in the forms its candidate kernels need and
+runs, for a call with ``n`` rows, the kernel its plan names for ``n``:
 
-fp32 is packed too: MKL's fp32 GEMM is very slow for a few rows on CPUs it
-does not tune for (AMD EPYC, AVX2: a [11, 576] x [576, 1536] product took
-10x the time of one row). Verifying drafts runs exactly such products; on
-SmolLM2 fp32 a forward over 11 rows went from 458 ms to 268 ms with packed
-weights. For one or two rows fp32 keeps the weight transposed (``[in, out]``)
-and multiplies ``x @ weight_t``: 30 SmolLM2 layers' linears, weights
-streamed from memory, AMD EPYC: one row 29 ms vs 38 ms with ``torch.mv`` and
-32 ms packed; two rows 49 ms vs 55 ms packed.
+* bf16: ``packed`` (oneDNN-reordered weight, ``mkldnn._linear_pointwise``: AMX or
+  AVX512-BF16 where the CPU has them), ``linear`` (``F.linear``), ``mv``
+  (``torch.mv``, one row only).
+* fp32: ``matmul_t`` (``x @ W^T`` with ``W^T`` stored contiguous) and ``packed``.
+
+No kernel wins everywhere: one-row bf16 ``torch.mv`` was the fastest on an
+AVX2-only EPYC and 2.7x slower than ``packed`` on a Zen 4 with AVX512-BF16;
+MKL's fp32 GEMM is very slow for a few rows on CPUs it does not tune for.
+So the plan is measured on the machine at start-up (``kernel_choice.py``);
+until then (and for modules nobody measured) ``DEFAULT_PLANS`` applies.
+``pack_linears`` swaps every ``nn.Linear`` of a model for a ``PackedLinear``
+when it applies (CPU, bf16 or fp32, oneDNN available); elsewhere the model is
+left as is.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+CANDIDATES = {torch.bfloat16: ("packed", "linear", "mv"), torch.float32: ("matmul_t", "packed")}
+DEFAULT_PLANS = {torch.bfloat16: {1: "mv", 2: "packed"}, torch.float32: {2: "matmul_t", 3: "packed"}}
 
 
 def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
@@ -31,34 +33,47 @@ def can_pack(device: torch.device, dtype: torch.dtype) -> bool:
             and (dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()))
 
 
+def plan_by_rows(plan: dict[int, str]) -> list[str]:
+    """``{bucket: kernel}`` -> a list indexed by row count up to the largest bucket: each row
+    count takes the kernel of the smallest bucket that holds it (the largest beyond)."""
+    buckets = sorted(plan)
+    return [plan[next(b for b in buckets if b >= rows)] for rows in range(buckets[-1] + 1)]
+
+
 class PackedLinear(nn.Module):
-    """bf16 linear: oneDNN-packed weights for several rows, ``torch.mv`` for a single row.
-
-    At one row (batch-1 decode) the bf16 matrix-vector kernel behind ``torch.mv``
-    beats both oneDNN paths (30 layers of SmolLM2: mv 26.4 ms, F.linear 34.4 ms);
-    from two rows on, the packed AMX kernel wins.
-    """
-
     def __init__(self, weight: torch.Tensor,  # [out_features, in_features]
                  bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        self.dtype = weight.dtype
         self.bias = bias
-        self.weight_t = None  # fp32: [in_features, out_features] for one or two rows
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        self.weight_t = None  # fp32: [in_features, out_features]
         if weight.dtype == torch.float32:
             self.weight_t = weight.t().contiguous()
             self.weight = self.weight_t.t()  # a view: no second copy
         else:
             self.weight = weight.contiguous()
+        self.set_plan(DEFAULT_PLANS[self.dtype])
+
+    def set_plan(self, plan: dict[int, str]) -> None:
+        """``plan``: row bucket -> kernel name (one of ``CANDIDATES[dtype]``)."""
+        bad = set(plan.values()) - set(CANDIDATES[self.dtype])
+        if bad or any(kernel == "mv" and bucket != 1 for bucket, kernel in plan.items()):
+            raise ValueError(f"kernel plan {plan} is invalid for {self.dtype}; kernels: {CANDIDATES[self.dtype]}")
+        self.plan = dict(plan)
+        self._by_rows = plan_by_rows(plan)
+        self._cap = len(self._by_rows) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
-        if self.weight_t is not None and x.shape[0] <= 2:
-            out = x @ self.weight_t
-        elif x.shape[0] == 1:
-            out = torch.mv(self.weight, x[0]).unsqueeze(0)
-        else:
+        return self.run(self._by_rows[min(x.shape[0], self._cap)], x)
+
+    def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
+        if kernel == "packed":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if kernel == "linear":
+            return F.linear(x, self.weight, self.bias)
+        out = torch.mv(self.weight, x[0]).unsqueeze(0) if kernel == "mv" else x @ self.weight_t
         return out if self.bias is None else out + self.bias
 
 

@@ -132,6 +132,7 @@ class DecoderLM(nn.Module):
         self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
             + (embed if self.tied else 0)
         self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
+        self.kernel_plans: dict[str, dict[int, str]] = {}  # linear kernel per row bucket, by group (CPU)
 
     @property
     def uses_sliding_window(self) -> bool:

@@ -12,10 +12,11 @@ from torch import nn
 from transformers import AutoConfig
 
 from ..layers.common import RMSNorm
-from ..layers.linear import can_pack
+from ..layers.kernel_choice import choose_kernels
+from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .gguf_int4 import apply_gguf_int4
-from .loader import gguf_source, load_weights
+from .loader import cache_root, gguf_source, load_weights
 
 GEMMA = ArchSpec(norm_offset=1.0, sandwich_norms=True, qk_norm=True, embed_scale=True,
                  default_act="gelu_pytorch_tanh")
@@ -45,7 +46,8 @@ def load_config(path: Path):
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                 max_positions: int, gguf_int4: bool = False) -> DecoderLM:
-    """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU."""
+    """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
+    On CPU its linears then run the kernels measured fastest on this machine (``kernel_choice.py``)."""
     spec = ARCH_SPECS[config.model_type]
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions)
@@ -55,7 +57,14 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     source = gguf_source(path)
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
+    model.kernel_plans = choose_kernels(_linear_groups(model), cache_root() / "kernels")
     return model
+
+
+def _linear_groups(model: DecoderLM) -> dict[str, list[PackedLinear]]:
+    """The packed linears a step runs, as timed together: the decoder layers', then the head's."""
+    layers = [m for layer in model.layers for m in layer.modules() if isinstance(m, PackedLinear)]
+    return {"layers": layers, "head": [model.lm_head] if isinstance(model.lm_head, PackedLinear) else []}
 
 
 def _load_state(model: DecoderLM, weights: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,74 @@
+"""Linear kernels chosen per row count by measurement on this machine, cached, and all correct."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftwise import LLM
+from draftwise.layers import kernel_choice
+from draftwise.layers.kernel_choice import ROW_BUCKETS, choose_kernels, describe
+from draftwise.layers.linear import CANDIDATES, PackedLinear, can_pack, plan_by_rows
+
+DTYPES = [torch.float32] + ([torch.bfloat16] if can_pack(torch.device("cpu"), torch.bfloat16) else [])
+
+
+def _modules(dtype: torch.dtype) -> list[PackedLinear]:
+    torch.manual_seed(0)
+    return [PackedLinear(torch.randn(48, 32).to(dtype), torch.randn(48).to(dtype)),
+            PackedLinear(torch.randn(32, 48).to(dtype), None)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, 70])
+def test_every_kernel_computes_the_same_linear(dtype, rows):
+    module = _modules(dtype)[0]
+    x = torch.randn(rows, 32).to(dtype)
+    ref = F.linear(x.float(), module.weight.float(), module.bias.float())
+    tol = dict(rtol=2e-2, atol=5e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for kernel in CANDIDATES[dtype]:
+        if kernel == "mv" and rows != 1:
+            continue
+        torch.testing.assert_close(module.run(kernel, x).float(), ref, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_measured_plan_covers_every_bucket_and_is_cached(dtype, tmp_path, monkeypatch):
+    groups = {"layers": _modules(dtype), "head": []}
+    plans = choose_kernels(groups, tmp_path)
+    assert list(plans) == ["layers"] and sorted(plans["layers"]) == list(ROW_BUCKETS)
+    for bucket, kernel in plans["layers"].items():
+        assert kernel in CANDIDATES[dtype] and (kernel != "mv" or bucket == 1)
+    assert all(m.plan == plans["layers"] for m in groups["layers"])
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["torch"] == torch.__version__ and "flags" in record and record["times_ms"]["layers"]
+
+    def fail(*args):
+        raise AssertionError("a cached plan must not be measured again")
+
+    monkeypatch.setattr(kernel_choice, "measure", fail)
+    assert choose_kernels({"layers": _modules(dtype)}, tmp_path) == plans
+
+
+def test_default_choice_skips_the_measurement(tmp_path, monkeypatch):
+    monkeypatch.setenv(kernel_choice.CHOICE_ENV, "default")
+    monkeypatch.setattr(kernel_choice, "measure", lambda *a: pytest.fail("measured"))
+    plans = choose_kernels({"layers": _modules(torch.float32)}, tmp_path)
+    assert plans == {"layers": {2: "matmul_t", 3: "packed"}}
+
+
+def test_plans_dispatch_by_row_count_and_reject_bad_kernels():
+    assert plan_by_rows({1: "mv", 4: "linear", 16: "packed"}) == ["mv", "mv"] + ["linear"] * 3 + ["packed"] * 12
+    module = _modules(torch.float32)[0]
+    with pytest.raises(ValueError, match="kernel plan"):
+        module.set_plan({1: "mv"})  # no fp32 matrix-vector kernel
+    assert describe({"layers": {1: "mv", 2: "packed", 4: "packed"}}) == "layers: 1 row mv, 2-4+ rows packed"
+
+
+def test_engine_models_run_the_measured_plan(tiny_model_dir):
+    model = LLM(model=str(tiny_model_dir), dtype="float32").llm_engine.runner.model
+    assert set(model.kernel_plans) == {"layers", "head"}
+    linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert linears and all(m.plan == model.kernel_plans["layers"] for m in linears if m is not model.lm_head)
