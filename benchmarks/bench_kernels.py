@@ -1,4 +1,4 @@
-"""Linear kernel plans side by side: the one measured at start-up vs the fixed default.
+"""Kernel plans side by side: the one measured at start-up vs the fixed default.
 
 One engine (SmolLM2-135M-Instruct unless --model); its linears switch plan in place, so
 both plans run the same weights in the same process, alternating round by round:
@@ -29,10 +29,16 @@ ROWS = (1, 2, 4, 6, 8)
 
 
 def apply(model, plans: dict[str, dict[int, str]]) -> None:
+    """Switch the model's linears and attention to ``plans`` in place."""
     head = model.lm_head
     for module in model.modules():
         if isinstance(module, PackedLinear):
             module.set_plan(plans["head" if module is head else "layers"])
+    model.set_attention_plan(plans.get("attention", {1: "native"}))
+
+
+def default_plans(model, dtype: torch.dtype) -> dict[str, dict[int, str]]:
+    return {group: {1: "native"} if group == "attention" else DEFAULT_PLANS[dtype] for group in model.kernel_plans}
 
 
 @torch.inference_mode()
@@ -75,7 +81,7 @@ def main() -> None:
     engine = llm.llm_engine
     model = engine.runner.model
     dtype = getattr(torch, args.dtype)
-    plans = {"measured": model.kernel_plans, "default": {g: DEFAULT_PLANS[dtype] for g in model.kernel_plans}}
+    plans = {"measured": model.kernel_plans, "default": default_plans(model, dtype)}
     sig = cpu_signature()
     print(f"{sig['cpu']}, flags {' '.join(sig['flags'])}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {args.dtype}; load average {os.getloadavg()}")

@@ -1,4 +1,5 @@
-"""Linear kernels chosen per row count by measurement on this machine, cached, and all correct."""
+"""Kernels (linears, attention dtype) chosen per row count by measurement on this machine, cached,
+and all correct."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftwise import LLM
+from draftwise import LLM, SamplingParams
 from draftwise.layers import kernel_choice
-from draftwise.layers.kernel_choice import ROW_BUCKETS, choose_kernels, describe
+from draftwise.layers.kernel_choice import ROW_BUCKETS, AttentionGroup, LinearGroup, choose_kernels, describe
 from draftwise.layers.linear import CANDIDATES, PackedLinear, can_pack, plan_by_rows
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if can_pack(torch.device("cpu"), torch.bfloat16) else [])
@@ -36,12 +37,15 @@ def test_every_kernel_computes_the_same_linear(dtype, rows):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_measured_plan_covers_every_bucket_and_is_cached(dtype, tmp_path, monkeypatch):
-    groups = {"layers": _modules(dtype), "head": []}
+    modules = _modules(dtype)
+    attention_plans = []
+    groups = {"layers": LinearGroup(modules), "attention": AttentionGroup(4, 2, 8, dtype, attention_plans.append)}
     plans = choose_kernels(groups, tmp_path)
-    assert list(plans) == ["layers"] and sorted(plans["layers"]) == list(ROW_BUCKETS)
+    assert list(plans) == ["layers", "attention"] and sorted(plans["layers"]) == list(ROW_BUCKETS)
     for bucket, kernel in plans["layers"].items():
         assert kernel in CANDIDATES[dtype] and (kernel != "mv" or bucket == 1)
-    assert all(m.plan == plans["layers"] for m in groups["layers"])
+    assert all(m.plan == plans["layers"] for m in modules)
+    assert attention_plans == [plans["attention"]] and set(plans["attention"].values()) <= {"native", "fp32"}
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["torch"] == torch.__version__ and "flags" in record and record["times_ms"]["layers"]
 
@@ -49,13 +53,14 @@ def test_measured_plan_covers_every_bucket_and_is_cached(dtype, tmp_path, monkey
         raise AssertionError("a cached plan must not be measured again")
 
     monkeypatch.setattr(kernel_choice, "measure", fail)
-    assert choose_kernels({"layers": _modules(dtype)}, tmp_path) == plans
+    again = {"layers": LinearGroup(_modules(dtype)), "attention": AttentionGroup(4, 2, 8, dtype, print)}
+    assert choose_kernels(again, tmp_path) == plans
 
 
 def test_default_choice_skips_the_measurement(tmp_path, monkeypatch):
     monkeypatch.setenv(kernel_choice.CHOICE_ENV, "default")
     monkeypatch.setattr(kernel_choice, "measure", lambda *a: pytest.fail("measured"))
-    plans = choose_kernels({"layers": _modules(torch.float32)}, tmp_path)
+    plans = choose_kernels({"layers": LinearGroup(_modules(torch.float32))}, tmp_path)
     assert plans == {"layers": {2: "matmul_t", 3: "packed"}}
 
 
@@ -67,8 +72,25 @@ def test_plans_dispatch_by_row_count_and_reject_bad_kernels():
     assert describe({"layers": {1: "mv", 2: "packed", 4: "packed"}}) == "layers: 1 row mv, 2-4+ rows packed"
 
 
-def test_engine_models_run_the_measured_plan(tiny_model_dir):
-    model = LLM(model=str(tiny_model_dir), dtype="float32").llm_engine.runner.model
-    assert set(model.kernel_plans) == {"layers", "head"}
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_engine_models_run_the_measured_plan(tiny_model_dir, dtype):
+    model = LLM(model=str(tiny_model_dir), dtype=str(dtype).removeprefix("torch.")).llm_engine.runner.model
+    expected = {"layers", "head"} | ({"attention"} if dtype == torch.bfloat16 else set())
+    assert set(model.kernel_plans) == expected
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.plan == model.kernel_plans["layers"] for m in linears if m is not model.lm_head)
+
+
+@pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="oneDNN bf16 not available on this CPU")
+def test_fp32_attention_of_a_bf16_model_matches_native(tiny_model_dir):
+    prompts = ["The quick brown fox", "def add(a, b):"]
+    llm = LLM(model=str(tiny_model_dir), dtype="bfloat16")
+    model = llm.llm_engine.runner.model
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)
+    outputs = {}
+    for kernel in ("native", "fp32"):
+        model.set_attention_plan({1: kernel})
+        outputs[kernel] = [o.outputs[0].logprobs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    for native, fp32 in zip(outputs["native"], outputs["fp32"]):
+        for token in set(native) & set(fp32):
+            assert abs(native[token].logprob - fp32[token].logprob) < 0.05

@@ -41,6 +41,7 @@ class AttentionMetadata:
     max_context_len: int = 1
     block_size: int = 16
     contiguous_start: int | None = None  # one sequence whose context sits in consecutive slots from here
+    compute_dtype: torch.dtype | None = None  # attend in this dtype (e.g. fp32 for a bf16 model); None: q's
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -112,10 +113,12 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     else:
         queries = q[meta.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
     mask = meta.sliding_mask if sliding else meta.mask
+    if meta.compute_dtype is not None and meta.compute_dtype != q.dtype:
+        queries, keys, values = (t.to(meta.compute_dtype) for t in (queries, keys, values))
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=keys.shape[1] != queries.shape[1])
     num_seqs, num_heads, max_q, head_dim = out.shape
-    out = out.transpose(1, 2).reshape(num_seqs * max_q, num_heads * head_dim)
+    out = out.transpose(1, 2).reshape(num_seqs * max_q, num_heads * head_dim).to(q.dtype)
     if meta.query_unpad_index is not None:
         out = out[meta.query_unpad_index]
     return out

@@ -1,13 +1,19 @@
-"""Measure which linear kernel is fastest at each row count, on this machine, once.
+"""Measure which kernel is fastest at each row count, on this machine, once.
 
-``choose_kernels(model, cache_dir)`` times every candidate kernel of
-``linear.CANDIDATES`` for the model's ``PackedLinear`` modules at the row
-counts of ``ROW_BUCKETS`` and gives each module the fastest per bucket. Modules
-are timed as groups the way a step runs them, so weights stream from memory
-as in a real forward rather than sitting in cache: ``layers`` (every linear of
-the decoder layers, in order) and ``head`` (the output projection, whose
-shape differs). A group's time is the best of ``REPEATS`` passes after a
-warm-up.
+``choose_kernels(groups, cache_dir)`` times every candidate kernel of each
+group at the row counts of ``ROW_BUCKETS`` and gives the group the fastest
+per bucket. A group is what a step runs together:
+
+* ``LinearGroup``: ``PackedLinear`` modules timed in order, so weights stream
+  from memory as in a real forward rather than sitting in cache; candidates
+  from ``linear.CANDIDATES``. Models have ``layers`` (every linear of the
+  decoder layers) and ``head`` (the output projection, whose shape differs).
+* ``AttentionGroup``: scaled-dot-product attention of one sequence over
+  ``ATTENTION_CONTEXT`` keys, computed in the model's dtype (``native``) or in
+  fp32 (``fp32``; bf16 CPU flash attention is several times slower than fp32
+  for a few query rows on some CPUs), rows being query rows.
+
+A group's time is the best of ``REPEATS`` passes after a warm-up.
 
 The result is cached as JSON under ``cache_dir``, keyed by the CPU (model
 name and ISA flags), torch version, thread count, dtype and the groups'
@@ -25,11 +31,17 @@ import platform
 import time
 from pathlib import Path
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 
 from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64)
+ATTENTION_CONTEXT = 512
+ATTENTION_CALLS = 16  # attention calls per timed sample
+METHOD_VERSION = 2  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
 CHOICE_ENV = "DRAFTWISE_KERNEL_CHOICE"
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
@@ -52,52 +64,99 @@ def cpu_signature() -> dict:
     return {"cpu": name, "flags": sorted(f for f in _ISA_FLAGS if f in flags)}
 
 
-def choose_kernels(groups: dict[str, list[PackedLinear]], cache_dir: Path | None) -> dict[str, dict[int, str]]:
-    """Give every module of ``groups`` its measured (or cached) plan; returns ``{group: plan}``."""
-    groups = {name: mods for name, mods in groups.items() if mods}
+class LinearGroup:
+    def __init__(self, modules: list[PackedLinear]):
+        self.modules = modules
+        self.dtype = modules[0].dtype
+        self.default_plan = DEFAULT_PLANS[self.dtype]
+        self.shape = [(m.out_features, m.in_features) for m in modules]
+
+    def candidates(self, rows: int) -> list[str]:
+        return [k for k in CANDIDATES[self.dtype] if k != "mv" or rows == 1]
+
+    def timer(self, rows: int) -> Callable[[str], None]:
+        inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=self.dtype) for m in self.modules}
+
+        def run(kernel: str) -> None:
+            for module in self.modules:
+                module.run(kernel, inputs[module.in_features])
+        return run
+
+    def apply(self, plan: dict[int, str]) -> None:
+        for module in self.modules:
+            module.set_plan(plan)
+
+
+class AttentionGroup:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 apply: Callable[[dict[int, str]], None]):
+        self.heads, self.dtype, self.apply = (num_heads, num_kv_heads, head_dim), dtype, apply
+        self.default_plan = {1: "native"}
+        self.shape = [num_heads, num_kv_heads, head_dim, ATTENTION_CONTEXT]
+
+    def candidates(self, rows: int) -> list[str]:
+        return ["native", "fp32"]
+
+    def timer(self, rows: int) -> Callable[[str], None]:
+        num_heads, num_kv_heads, head_dim = self.heads
+        q = torch.randn(1, num_heads, rows, head_dim, dtype=self.dtype)
+        # K/V as the paged cache holds them, [context, kv_heads, head_dim], read transposed
+        k, v = (torch.randn(1, ATTENTION_CONTEXT, num_kv_heads, head_dim, dtype=self.dtype).transpose(1, 2)
+                for _ in "kv")
+        positions = torch.arange(ATTENTION_CONTEXT)
+        mask = positions[None, :] <= (ATTENTION_CONTEXT - rows + torch.arange(rows))[:, None]
+
+        def run(kernel: str) -> None:
+            for _ in range(ATTENTION_CALLS):  # one call per layer of a step
+                args = (q, k, v) if kernel == "native" else (q.float(), k.float(), v.float())
+                out = F.scaled_dot_product_attention(*args, attn_mask=mask if rows > 1 else None, enable_gqa=True)
+                out.to(self.dtype)
+        return run
+
+
+def choose_kernels(groups: dict[str, LinearGroup | AttentionGroup], cache_dir: Path | None
+                   ) -> dict[str, dict[int, str]]:
+    """Give every group its measured (or cached) plan; returns ``{group: plan}``."""
     if not groups:
         return {}
-    dtype = next(iter(groups.values()))[0].dtype
     if os.environ.get(CHOICE_ENV, "measure") == "default":
-        plans = {name: dict(DEFAULT_PLANS[dtype]) for name in groups}
+        plans = {name: dict(group.default_plan) for name, group in groups.items()}
     else:
-        key = _cache_key(groups, dtype)
+        key = _cache_key(groups)
         plans = _read_cache(cache_dir, key)
         if plans is None:
             start = time.perf_counter()
-            plans, times = measure(groups, dtype)
-            logger.info("draftwise: measured linear kernels in %.1f s", time.perf_counter() - start)
-            _write_cache(cache_dir, key, plans, times, dtype)
-    for name, modules in groups.items():
-        for module in modules:
-            module.set_plan(plans[name])
-    logger.info("draftwise: linear kernels (%s, %s): %s", str(dtype).removeprefix("torch."),
+            plans, times = measure(groups)
+            logger.info("draftwise: measured kernels in %.1f s", time.perf_counter() - start)
+            _write_cache(cache_dir, key, plans, times, groups)
+    for name, group in groups.items():
+        group.apply(plans[name])
+    dtype = next(iter(groups.values())).dtype
+    logger.info("draftwise: kernels (%s, %s): %s", str(dtype).removeprefix("torch."),
                 cpu_signature()["cpu"], describe(plans))
     return plans
 
 
 @torch.inference_mode()
-def measure(groups: dict[str, list[PackedLinear]], dtype: torch.dtype
+def measure(groups: dict[str, LinearGroup | AttentionGroup]
             ) -> tuple[dict[str, dict[int, str]], dict[str, dict[int, dict[str, float]]]]:
     """({group: {bucket: fastest kernel}}, {group: {bucket: {kernel: ms}}})."""
     plans, times = {}, {}
-    for name, modules in groups.items():
+    for name, group in groups.items():
         plans[name], times[name] = {}, {}
         for rows in ROW_BUCKETS:
-            inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=dtype) for m in modules}
-            kernels = [k for k in CANDIDATES[dtype] if k != "mv" or rows == 1]
-            measured = {k: _time_group(modules, k, inputs) for k in kernels}
+            run = group.timer(rows)
+            measured = {k: _best_time(run, k) for k in group.candidates(rows)}
             times[name][rows] = {k: round(1000 * t, 3) for k, t in measured.items()}
             plans[name][rows] = min(measured, key=measured.get)
     return plans, times
 
 
-def _time_group(modules: list[PackedLinear], kernel: str, inputs: dict[int, torch.Tensor]) -> float:
+def _best_time(run: Callable[[str], None], kernel: str) -> float:
     samples = []
     for _ in range(REPEATS + 1):
         start = time.perf_counter()
-        for module in modules:
-            module.run(kernel, inputs[module.in_features])
+        run(kernel)
         samples.append(time.perf_counter() - start)
     return min(samples[1:])
 
@@ -122,10 +181,10 @@ def _span(low: int, high: int, last: bool) -> str:
     return text + (" row" if text == "1" else " rows")
 
 
-def _cache_key(groups: dict[str, list[PackedLinear]], dtype: torch.dtype) -> str:
-    shapes = {name: [(m.out_features, m.in_features) for m in mods] for name, mods in groups.items()}
+def _cache_key(groups: dict[str, LinearGroup | AttentionGroup]) -> str:
+    shapes = {name: [type(g).__name__, str(g.dtype), g.shape] for name, g in groups.items()}
     what = {**cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "dtype": str(dtype), "buckets": ROW_BUCKETS, "shapes": shapes}
+            "buckets": ROW_BUCKETS, "shapes": shapes, "method": METHOD_VERSION}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -139,11 +198,11 @@ def _read_cache(cache_dir: Path | None, key: str) -> dict[str, dict[int, str]] |
         return None
 
 
-def _write_cache(cache_dir: Path | None, key: str, plans: dict, times: dict, dtype: torch.dtype) -> None:
+def _write_cache(cache_dir: Path | None, key: str, plans: dict, times: dict, groups: dict) -> None:
     if cache_dir is None:
         return
     record = {**cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "dtype": str(dtype), "plans": plans, "times_ms": times}
+              "dtypes": {name: str(g.dtype) for name, g in groups.items()}, "plans": plans, "times_ms": times}
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cache_dir / f".{key}.{os.getpid()}.tmp"

@@ -17,6 +17,7 @@ the fp32 reference than a pure-bf16 stream would.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
-from ..layers.linear import PackedLinear, can_pack, pack_linears
+from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,12 @@ class DecoderLM(nn.Module):
         self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
             + (embed if self.tied else 0)
         self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
-        self.kernel_plans: dict[str, dict[int, str]] = {}  # linear kernel per row bucket, by group (CPU)
+        self.kernel_plans: dict[str, dict[int, str]] = {}  # kernel per row bucket, by group (CPU)
+        self.set_attention_plan({1: "native"})
+
+    def set_attention_plan(self, plan: dict[int, str]) -> None:
+        """Query rows per sequence -> attend in the model dtype (``native``) or in ``fp32``."""
+        self._attention_fp32 = [kernel == "fp32" for kernel in plan_by_rows(plan)]
 
     @property
     def uses_sliding_window(self) -> bool:
@@ -159,6 +165,8 @@ class DecoderLM(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x.float()
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
+        if self._attention_fp32[min(meta.max_query_len, len(self._attention_fp32) - 1)]:
+            meta = dataclasses.replace(meta, compute_dtype=torch.float32)
         aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:

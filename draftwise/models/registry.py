@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoConfig
 
 from ..layers.common import RMSNorm
-from ..layers.kernel_choice import choose_kernels
+from ..layers.kernel_choice import AttentionGroup, LinearGroup, choose_kernels
 from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .gguf_int4 import apply_gguf_int4
@@ -57,14 +57,25 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     source = gguf_source(path)
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
-    model.kernel_plans = choose_kernels(_linear_groups(model), cache_root() / "kernels")
+    if can_pack(device, dtype):
+        model.kernel_plans = choose_kernels(_kernel_groups(model, dtype), cache_root() / "kernels")
     return model
 
 
-def _linear_groups(model: DecoderLM) -> dict[str, list[PackedLinear]]:
-    """The packed linears a step runs, as timed together: the decoder layers', then the head's."""
+def _kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
+    """What a CPU step runs, as timed together: the decoder layers' linears, the head's, and
+    (below fp32) the attention."""
+    groups = {}
     layers = [m for layer in model.layers for m in layer.modules() if isinstance(m, PackedLinear)]
-    return {"layers": layers, "head": [model.lm_head] if isinstance(model.lm_head, PackedLinear) else []}
+    if layers:
+        groups["layers"] = LinearGroup(layers)
+    if isinstance(model.lm_head, PackedLinear):
+        groups["head"] = LinearGroup([model.lm_head])
+    if dtype != torch.float32:
+        layer = model.layers[0]
+        groups["attention"] = AttentionGroup(layer.num_heads, layer.num_kv_heads, layer.head_dim, dtype,
+                                             model.set_attention_plan)
+    return groups
 
 
 def _load_state(model: DecoderLM, weights: dict[str, torch.Tensor]) -> None:
