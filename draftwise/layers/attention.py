@@ -15,6 +15,12 @@ verify). Causality and sliding windows are expressed in the boolean masks, so
 several query tokens per sequence (chunked prefill, speculative verification)
 need nothing special.
 
+Long queries (``max_query_len >= PER_SEQUENCE_MIN_QUERY``: prefill chunks) are
+attended sequence by sequence instead, each over its own context only: padding
+every prompt to the longest wastes most of the work when prompt lengths differ,
+and a fresh prompt (queries = its whole context) runs SDPA's causal kernel,
+which skips the masked half.
+
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
 (pad repeats a valid index), ``context_lens`` = [6, 3]. When every sequence
@@ -27,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
 
 
 @dataclass
@@ -42,6 +50,8 @@ class AttentionMetadata:
     block_size: int = 16
     contiguous_start: int | None = None  # one sequence whose context sits in consecutive slots from here
     compute_dtype: torch.dtype | None = None  # attend in this dtype (e.g. fp32 for a bf16 model); None: q's
+    query_lens: list[int] | None = None  # set when long queries are attended sequence by sequence
+    context_lens: list[int] | None = None  # (causal batches only), with query_lens
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -76,11 +86,14 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
     first = table[0, 0].item() if len(context_lens) == 1 else None
     contiguous = first is not None and bool((table[0] == first + torch.arange(num_ctx_blocks)).all())
     to_dev = lambda t: None if t is None else t.to(device)  # noqa: E731
+    per_seq = causal and max_q >= PER_SEQUENCE_MIN_QUERY
     return AttentionMetadata(slot_mapping=to_dev(slot_mapping), block_table=to_dev(table),
                              query_index=to_dev(query_index), query_unpad_index=to_dev(query_unpad_index),
                              mask=to_dev(mask), sliding_mask=to_dev(sliding_mask), max_query_len=max_q,
                              max_context_len=max_ctx, block_size=block_size,
-                             contiguous_start=first * block_size if contiguous else None)
+                             contiguous_start=first * block_size if contiguous else None,
+                             query_lens=list(query_lens) if per_seq else None,
+                             context_lens=list(context_lens) if per_seq else None)
 
 
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
@@ -108,15 +121,14 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                     sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     kv_cache[:, meta.slot_mapping] = torch.stack((k, v))
     keys, values = _context(kv_cache, meta).transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
+    if meta.query_lens is not None:
+        return _per_sequence(q, keys, values, meta, scale, sliding)
     if meta.query_index is None:  # every sequence has max_query_len queries: a view, no gather
         queries = q.view(-1, meta.max_query_len, *q.shape[1:]).transpose(1, 2)  # [num_seqs, heads, max_q, d]
     else:
         queries = q[meta.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
     mask = meta.sliding_mask if sliding else meta.mask
-    if meta.compute_dtype is not None and meta.compute_dtype != q.dtype:
-        queries, keys, values = (t.to(meta.compute_dtype) for t in (queries, keys, values))
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale,
-                                         enable_gqa=keys.shape[1] != queries.shape[1])
+    out = _sdpa(queries, keys, values, mask, scale, meta.compute_dtype)
     num_seqs, num_heads, max_q, head_dim = out.shape
     out = out.transpose(1, 2).reshape(num_seqs * max_q, num_heads * head_dim).to(q.dtype)
     if meta.query_unpad_index is not None:
@@ -124,11 +136,43 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     return out
 
 
+def _per_sequence(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+                  keys: torch.Tensor, values: torch.Tensor,  # [num_seqs, kv_heads, max_ctx, head_dim]
+                  meta: AttentionMetadata, scale: float,
+                  sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+    """Each sequence's queries over its own context; causal kernel where the queries are the context."""
+    outputs, start = [], 0
+    full_mask = meta.sliding_mask if sliding else meta.mask
+    for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
+        queries = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
+        start += q_len
+        windowed = sliding and meta.sliding_mask is not None  # the window needs the explicit mask
+        causal = q_len == ctx_len and q_len > 1 and not windowed
+        mask = None if causal or q_len == 1 and not windowed else full_mask[i:i + 1, :, :q_len, :ctx_len]
+        out = _sdpa(queries, keys[i:i + 1, :, :ctx_len], values[i:i + 1, :, :ctx_len], mask, scale,
+                    meta.compute_dtype, is_causal=causal)
+        outputs.append(out[0].transpose(0, 1).reshape(q_len, -1))
+    return torch.cat(outputs).to(q.dtype)
+
+
+def _sdpa(queries: torch.Tensor,  # [num_seqs, num_heads, max_q, head_dim]
+          keys: torch.Tensor, values: torch.Tensor,  # [num_seqs, kv_heads, ctx, head_dim]
+          mask: torch.Tensor | None, scale: float, compute_dtype: torch.dtype | None,
+          is_causal: bool = False) -> torch.Tensor:  # [num_seqs, num_heads, max_q, head_dim]
+    if compute_dtype is not None and compute_dtype != queries.dtype:
+        queries, keys, values = (t.to(compute_dtype) for t in (queries, keys, values))
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale, is_causal=is_causal,
+                                          enable_gqa=keys.shape[1] != queries.shape[1])
+
+
 def _context(kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
              meta: AttentionMetadata) -> torch.Tensor:  # [2, num_seqs, max_context_len, kv_heads, head_dim]
-    """Each sequence's K/V by position: a view when its blocks are consecutive, else a block gather."""
+    """Each sequence's K/V by position: a view when its blocks are consecutive, else a block gather
+    (``index_select`` over the flattened table: several times faster on CPU than advanced indexing)."""
     if meta.contiguous_start is not None:
         start = meta.contiguous_start
         return kv_cache[:, start:start + meta.max_context_len].unsqueeze(1)
-    blocks = kv_cache.view(2, -1, meta.block_size, *kv_cache.shape[2:])[:, meta.block_table]
-    return blocks.flatten(2, 3)[:, :, :meta.max_context_len]
+    num_seqs, num_blocks = meta.block_table.shape
+    blocks = kv_cache.view(2, -1, meta.block_size, *kv_cache.shape[2:])
+    blocks = blocks.index_select(1, meta.block_table.flatten())  # [2, num_seqs * num_blocks, block_size, ...]
+    return blocks.view(2, num_seqs, num_blocks * meta.block_size, *kv_cache.shape[2:])[:, :, :meta.max_context_len]
