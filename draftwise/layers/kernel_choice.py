@@ -16,8 +16,8 @@ per bucket. A group is what a step runs together:
 A group's time is the best of ``REPEATS`` passes after a warm-up.
 
 The result is cached as JSON under ``cache_dir``, keyed by the CPU (model
-name and ISA flags), torch version, thread count, dtype and the groups'
-shapes, so a second start reads it instead of measuring. It is logged at
+name and ISA flags), torch version, thread count, the groups' dtypes and
+shapes and ``METHOD_VERSION``, so a second start reads it instead of measuring. It is logged at
 start-up and kept on the model (``model.kernel_plans``).
 ``DRAFTWISE_KERNEL_CHOICE=default`` skips the measurement (``linear.DEFAULT_PLANS``).
 """
@@ -30,7 +30,6 @@ import os
 import platform
 import time
 from pathlib import Path
-
 from typing import Callable
 
 import torch
