@@ -63,7 +63,7 @@ class VerifyInput:
 
     @classmethod
     def of(cls, spec: SpecDecodeMetadata) -> "VerifyInput":
-        return cls(spec.padded_drafts(), spec.draft_valid.sum(dim=1), spec.row_index(), spec.padded_probs(),
+        return cls(spec.padded_drafts(), spec.draft_counts, spec.row_index(), spec.padded_probs(),
                    spec.has_probs)
 
 

@@ -33,16 +33,17 @@ class SpecDecodeMetadata:
     has_probs: torch.Tensor | None = None  # [num_seqs] bool: this sequence's drafts carry probs
     # Derived, padded views (filled in __post_init__):
     max_spec_len: int = field(init=False)
+    draft_counts: torch.Tensor = field(init=False)  # [num_seqs] int64: num_draft_tokens as a tensor
     draft_index: torch.Tensor = field(init=False)  # [num_seqs, max_spec_len] flat index, 0 where padded
     draft_valid: torch.Tensor = field(init=False)  # [num_seqs, max_spec_len] bool
 
     def __post_init__(self) -> None:
         device = self.draft_token_ids.device
         self.max_spec_len = max(self.num_draft_tokens, default=0)
-        num = torch.tensor(self.num_draft_tokens, dtype=torch.int64, device=device)
+        self.draft_counts = torch.tensor(self.num_draft_tokens, dtype=torch.int64, device=device)
         offsets = torch.arange(self.max_spec_len, device=device)
-        self.draft_valid = offsets[None, :] < num[:, None]
-        first = self.cu_num_draft_tokens - num  # [num_seqs] flat index of each sequence's first draft
+        self.draft_valid = offsets[None, :] < self.draft_counts[:, None]
+        first = self.cu_num_draft_tokens - self.draft_counts  # [num_seqs] flat index of each first draft
         self.draft_index = torch.where(self.draft_valid, first[:, None] + offsets[None, :], 0)
 
     @classmethod
@@ -64,10 +65,6 @@ class SpecDecodeMetadata:
         return cls(flat_ids.to(device), [len(d) for d in drafts], cu_drafts.to(device), target.to(device),
                    bonus.to(device), probs, has_probs)
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.num_draft_tokens)
-
     def padded_drafts(self) -> torch.Tensor:  # [num_seqs, max_spec_len] int64, PLACEHOLDER where padded
         return torch.where(self.draft_valid, self.draft_token_ids[self.draft_index], PLACEHOLDER_TOKEN_ID)
 
@@ -80,7 +77,7 @@ class SpecDecodeMetadata:
         """[num_seqs, max_spec_len + 1] logits row of (sequence, position): drafts, then the bonus
         row at position ``num_draft_tokens[i]``; 0 past it."""
         positions = torch.arange(self.max_spec_len + 1, device=self.bonus_logits_indices.device)
-        num = self.draft_valid.sum(dim=1, keepdim=True)  # [num_seqs, 1]
+        num = self.draft_counts[:, None]  # [num_seqs, 1]
         rows = self.target_logits_indices[self.draft_index]  # [num_seqs, max_spec_len]
         rows = torch.cat([rows, torch.zeros_like(num)], dim=1)
         rows = torch.where(positions[None, :] < num, rows, 0)
