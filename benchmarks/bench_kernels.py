@@ -20,7 +20,7 @@ import torch
 
 from draftwise import LLM, SamplingParams
 from draftwise.layers.kernel_choice import cpu_signature, describe
-from draftwise.layers.linear import DEFAULT_PLANS, PackedLinear
+from draftwise.models.registry import kernel_groups
 from draftwise.paged import ForwardInput
 from draftwise.sequence import Sequence
 
@@ -28,17 +28,10 @@ PROMPT = "Write a short story about a robot who learns to paint. Describe the co
 ROWS = (1, 2, 4, 6, 8)
 
 
-def apply(model, plans: dict[str, dict[int, str]]) -> None:
-    """Switch the model's linears and attention to ``plans`` in place."""
-    head = model.lm_head
-    for module in model.modules():
-        if isinstance(module, PackedLinear):
-            module.set_plan(plans["head" if module is head else "layers"])
-    model.set_attention_plan(plans.get("attention", {1: "native"}))
-
-
-def default_plans(model, dtype: torch.dtype) -> dict[str, dict[int, str]]:
-    return {group: {1: "native"} if group == "attention" else DEFAULT_PLANS[dtype] for group in model.kernel_plans}
+def apply(groups: dict, plans: dict[str, dict[int, str]]) -> None:
+    """Switch the model's kernel groups (linears, attention) to ``plans`` in place."""
+    for name, group in groups.items():
+        group.apply(plans[name])
 
 
 @torch.inference_mode()
@@ -81,7 +74,8 @@ def main() -> None:
     engine = llm.llm_engine
     model = engine.runner.model
     dtype = getattr(torch, args.dtype)
-    plans = {"measured": model.kernel_plans, "default": default_plans(model, dtype)}
+    groups = kernel_groups(model, dtype)
+    plans = {"measured": model.kernel_plans, "default": {name: g.default_plan for name, g in groups.items()}}
     sig = cpu_signature()
     print(f"{sig['cpu']}, flags {' '.join(sig['flags'])}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {args.dtype}; load average {os.getloadavg()}")
@@ -92,11 +86,11 @@ def main() -> None:
     llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
     for _ in range(args.rounds):
         for name, plan in plans.items():
-            apply(model, plan)
+            apply(groups, plan)
             for rows in ROWS:
                 steps[name][rows].append(step_ms(engine, args.context, rows))
             tps[name].append(decode_tps(llm, args.max_tokens))
-    apply(model, plans["measured"])
+    apply(groups, plans["measured"])
     report(steps, tps, args)
 
 

@@ -58,11 +58,11 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
     if can_pack(device, dtype):
-        model.kernel_plans = choose_kernels(_kernel_groups(model, dtype), cache_root() / "kernels")
+        model.kernel_plans = choose_kernels(kernel_groups(model, dtype), cache_root() / "kernels")
     return model
 
 
-def _kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
+def kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
     """What a CPU step runs, as timed together: the decoder layers' linears, the head's, and
     (below fp32) the attention."""
     groups = {}
