@@ -143,10 +143,10 @@ def _per_sequence(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     """Each sequence's queries over its own context; causal kernel where the queries are the context."""
     outputs, start = [], 0
     full_mask = meta.sliding_mask if sliding else meta.mask
+    windowed = sliding and meta.sliding_mask is not None  # the window needs the explicit mask
     for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
         queries = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
         start += q_len
-        windowed = sliding and meta.sliding_mask is not None  # the window needs the explicit mask
         causal = q_len == ctx_len and q_len > 1 and not windowed
         mask = None if causal or q_len == 1 and not windowed else full_mask[i:i + 1, :, :q_len, :ctx_len]
         out = _sdpa(queries, keys[i:i + 1, :, :ctx_len], values[i:i + 1, :, :ctx_len], mask, scale,
