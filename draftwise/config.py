@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from .compilation.config import CompilationConfig
 from .kv_transfer import KVTransferConfig
 from .sample.verify_config import RejectionSamplerConfig
 from .spec_decode.config import SpeculativeConfig
@@ -34,23 +35,25 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False
+    compilation_config: dict | str | int | CompilationConfig | None = None
     tensor_parallel_size: int = 1
     speculative_config: dict | str | None = None
     additional_config: dict | None = None
     kv_transfer_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
-    # Derived: the validated speculative config; the verify rules that act at its draft length
+    # Derived: the validated speculative and compilation configs; the verify rules that act at its draft length
     # (additional_config["rejection_sampler_config"]); the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)
     kv_transfer: KVTransferConfig | None = field(default=None, repr=False)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig, repr=False)
     rejection_sampler: RejectionSamplerConfig = field(default_factory=RejectionSamplerConfig, repr=False)
     model_path: Path | None = field(default=None, repr=False)
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative", "kv_transfer",
-                                                              "rejection_sampler"}
+                                                              "rejection_sampler", "compilation"}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
@@ -75,6 +78,7 @@ class EngineConfig:
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: ['auto', {', '.join(map(repr, _DTYPES))}]")
         _check_additional_config(self.additional_config)
+        self.compilation = CompilationConfig.from_value(self.compilation_config)
         if self.kv_transfer_config is not None:
             self.kv_transfer = KVTransferConfig.from_value(self.kv_transfer_config)
         if self.speculative_config is not None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from draftwise.layers.attention import build_metadata
+from draftwise.layers.forward_context import forward_context
 from draftwise.models.registry import build_model, load_config
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_POS, VOCAB = 16, 8, 128, 256
@@ -55,6 +56,12 @@ def _config(name: str):
 
 ARCHS = ["llama", "llama3_rope", "mistral", "qwen2", "qwen3", "qwen3_swa", "gemma3"]
 
+
+
+def _forward(model, ids, positions, kv_caches, meta, aux_layer_ids=()):
+    """The model's forward as the runner calls it: inside the forward context."""
+    with forward_context(model.attention_metadata(meta), kv_caches):
+        return model(ids, positions, aux_layer_ids)
 
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request, tmp_path_factory):
@@ -119,7 +126,7 @@ def _run_schedule(model, seqs, tables, schedule):
             q_lens.append(n)
             ctx_lens.append(done[i] + n)
         meta = build_metadata(table, q_lens, ctx_lens, BLOCK_SIZE, _window(model), CPU)
-        hidden, _ = model(torch.cat(ids), torch.cat(pos), kv, meta)
+        hidden, _ = _forward(model, torch.cat(ids), torch.cat(pos), kv, meta)
         logits = model.compute_logits(hidden)
         assert logits.shape == (sum(q_lens), model.config.vocab_size)
         for (i, n), chunk in zip(step, logits.split(q_lens)):
@@ -186,7 +193,7 @@ def test_aux_hidden_states(pair):
     ids = _tokens(40, seed=4)
     ref = hf(ids[None], output_hidden_states=True).hidden_states
     meta = build_metadata(torch.tensor([[3, 0, 5, 1]]), [40], [40], BLOCK_SIZE, _window(ours), CPU)
-    _, aux = ours(ids, torch.arange(40), _kv_cache(ours), meta, aux_layer_ids=(0, 1, 2))
+    _, aux = _forward(ours, ids, torch.arange(40), _kv_cache(ours), meta, aux_layer_ids=(0, 1, 2))
     assert len(aux) == 3
     for i, a in enumerate(aux):
         _assert_close(a, ref[i][0], f"{name} aux hidden state entering layer {i}")

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
+from ..compilation.compiled_forward import CompiledForward, log_compile
 from ..config import EngineConfig
 from ..models.loader import resolve_model
 from ..models.registry import build_model, load_config
 from ..outputs import RequestOutput
-from ..paged import KVPool, PagedModel
+from ..paged import ForwardInput, KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import TargetInfo
@@ -68,10 +70,11 @@ class LLMEngine:
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device)
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
+        max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
+        self.compile_seconds = self._compile(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)
             self.speculator.calibrate(paged)
-        max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, _Request] = {}
@@ -84,6 +87,30 @@ class LLMEngine:
             costs = self.speculator.policy.step_costs
             logger.info("draftwise: speculative decoding %s; a step verifying 1 / %d drafts costs %.2f / %.2f "
                         "plain steps", config.speculative.to_dict(), len(costs) - 1, costs[1], costs[-1])
+
+    def _compile(self, paged: PagedModel, max_num_tokens: int) -> float:
+        """Compile the target's forward unless the compilation mode is 0; each graph is compiled
+        now, on a throwaway sequence, so no step waits for a compile. Returns the seconds spent."""
+        compilation = self.config.compilation
+        if compilation.resolved_mode(self.config.enforce_eager) == 0:
+            return 0.0
+        if compilation.cache_dir:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = compilation.cache_dir
+        aux_ids = self.speculator.needs.aux_layer_ids if self.speculator else ()
+        compiled = CompiledForward(paged.model, compilation.bucket_sizes(), max_num_tokens, aux_ids, self.device)
+        paged.run_with(compiled)
+
+        def compile_one(num_tokens: int) -> None:
+            dummy = Sequence("compile", 0, [0] * num_tokens, SamplingParams(temperature=0.0), 0, 0.0)
+            if not self.block_manager.ensure(dummy, num_tokens):
+                raise ValueError(f"the KV cache cannot hold the {num_tokens}-token compile batch; "
+                                 "lower compilation_config's sizes or raise kv_cache_memory_bytes")
+            try:
+                paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_ids)
+            finally:
+                self.block_manager.free(dummy)
+
+        return log_compile(compiled.warm_up_sizes(), compile_one)
 
     def _make_speculator(self, model) -> Speculator:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,

@@ -15,7 +15,8 @@ So the plan is measured on the machine at start-up (``kernel_choice.py``);
 until then (and for modules nobody measured) ``DEFAULT_PLANS`` applies.
 ``pack_linears`` swaps every ``nn.Linear`` of a model for a ``PackedLinear``
 when it applies (CPU, bf16 or fp32, oneDNN available); elsewhere the model is
-left as is.
+left as is. In a compiled forward a ``PackedLinear`` is a plain ``F.linear``
+that inductor's weight freezing packs (``compilation/compiled_forward.py``).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class PackedLinear(nn.Module):
         self._cap = len(self._by_rows) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
+        if torch.compiler.is_compiling():  # inductor freezes and packs the weight itself
+            return F.linear(x, self.weight, self.bias)
         return self.run(self._by_rows[min(x.shape[0], self._cap)], x)
 
     def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]

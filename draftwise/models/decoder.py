@@ -5,8 +5,9 @@ The architectures differ only in a handful of switches, gathered in
 norms and scaled embeddings, Qwen2's qkv bias, per-head q/k norms (Qwen3,
 Gemma3), sliding-window layers and logit soft-capping.
 
-``forward`` takes a flat batch of tokens of many requests plus the step's
-``AttentionMetadata``; it returns the final-norm hidden states ``[num_tokens,
+``forward`` takes a flat batch of tokens of many requests; the step's
+``AttentionMetadata`` and the KV cache come from the forward context
+(``layers/forward_context.py``), so the same forward runs eager or compiled. It returns the final-norm hidden states ``[num_tokens,
 hidden]`` and, for the layer ids asked in ``aux_layer_ids`` (in that order),
 the residual stream entering those layers, id ``num_layers`` being the last
 layer's output before the final norm (what EAGLE-3 and DFlash drafters read).
@@ -27,6 +28,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
+from ..layers.forward_context import context_attention
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
 
 
@@ -72,16 +74,17 @@ class DecoderLayer(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps, off) if spec.qk_norm else None
         self.split = (q_size, kv_size, kv_size)
         self.compute_dtype = torch.float32
+        self.layer_index = 0  # which KV cache of the forward context it attends with (set by DecoderLM)
 
     def forward(self, x: torch.Tensor,  # [num_tokens, hidden] fp32 residual stream
                 cos: torch.Tensor, sin: torch.Tensor,  # [num_tokens, 1, head_dim]
-                kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim]
-                meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor | None,  # [2, num_slots, num_kv_heads, head_dim]; None: the context's
+                meta: AttentionMetadata | None) -> torch.Tensor:
         return self.feed_forward(x + self.attend(self.input_norm(x), cos, sin, kv_cache, meta))
 
     def attend(self, h: torch.Tensor,  # [num_tokens, qkv_in_features] normed attention input
-               cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:  # [num_tokens, hidden] to add to the residual
+               cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor | None,
+               meta: AttentionMetadata | None) -> torch.Tensor:  # [num_tokens, hidden] to add to the residual
         num_tokens = h.shape[0]
         dt = self.compute_dtype
         qkv = self.qkv_proj(h.to(dt))  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
@@ -95,7 +98,10 @@ class DecoderLayer(nn.Module):
             k = self.k_norm(qkv[:, q_size:q_size + kv_size].view(num_tokens, self.num_kv_heads,
                                                                  self.head_dim)).to(dt)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
+        if kv_cache is None:  # the target model: cache and metadata from the forward context
+            attn = context_attention(q, k, v, self.layer_index, self.scale, self.sliding)
+        else:  # a drafter's own layer, with its own cache
+            attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
         h = self.o_proj(attn)
         return self.post_attn_norm(h) if self.post_attn_norm is not None else h
 
@@ -121,6 +127,8 @@ class DecoderLM(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_scale = math.sqrt(config.hidden_size) if spec.embed_scale else None
         self.layers = nn.ModuleList(DecoderLayer(config, spec, t) for t in self.layer_types)
+        for i, layer in enumerate(self.layers):
+            layer.layer_index = i
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -155,24 +163,27 @@ class DecoderLM(nn.Module):
             self.lm_head = _TiedHead(self.embed_tokens)
         return self
 
+    def attention_metadata(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """``meta`` with the attention dtype this model's plan picks for its query rows."""
+        if self._attention_fp32[min(meta.max_query_len, len(self._attention_fp32) - 1)]:
+            return dataclasses.replace(meta, compute_dtype=torch.float32)
+        return meta
+
     def forward(self, input_ids: torch.Tensor,  # [num_tokens]
                 positions: torch.Tensor,  # [num_tokens]
-                kv_caches: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
-                meta: AttentionMetadata,
                 aux_layer_ids: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run inside ``forward_context(meta, kv_caches)``; ``meta`` from ``attention_metadata``."""
         x = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x.float()
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
-        if self._attention_fp32[min(meta.max_query_len, len(self._attention_fp32) - 1)]:
-            meta = dataclasses.replace(meta, compute_dtype=torch.float32)
         aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:
                 aux[i] = x
             cos, sin = rope[self.layer_types[i]]
-            x = layer(x, cos, sin, kv_caches[i], meta)
+            x = layer(x, cos, sin, None, None)
         aux[len(self.layers)] = x  # id num_layers: the last layer's output, before the final norm
         return self.norm(x), [aux[i] for i in aux_layer_ids]
 

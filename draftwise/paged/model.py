@@ -5,11 +5,15 @@ in one pass, writing the new tokens' K/V into the model's paged cache, and
 returns the final-norm hidden states ``[num_tokens, hidden]`` (fp32), the
 auxiliary hidden states asked for, and ``cu_num_tokens``. The target's model
 runner and the ``draft_model`` proposer both run their model this way.
+
+The model runs inside the forward context (metadata + this model's cache);
+``run_with`` swaps the callable that runs it (the engine's ``CompiledForward``).
 """
 from __future__ import annotations
 
 import torch
 
+from ..layers.forward_context import forward_context
 from .batch import ForwardInput, prepare_batch
 from .kv_pool import KVCacheSpec
 
@@ -22,6 +26,11 @@ class PagedModel:
         self.block_size = block_size
         self.device = device
         self.sliding_window = model.sliding_window if model.uses_sliding_window else None
+        self.run = model  # (input_ids, positions, aux_layer_ids) -> (hidden, aux); see run_with
+
+    def run_with(self, run) -> None:
+        """Run the model through ``run`` (same signature as the model's forward), e.g. compiled."""
+        self.run = run
 
     @staticmethod
     def kv_cache_spec(model) -> KVCacheSpec:
@@ -32,7 +41,8 @@ class PagedModel:
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         """(hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens [len(batch) + 1])."""
         ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device)
-        hidden, aux = self.model(ids, pos, self.kv_cache, meta, aux_layer_ids)
+        with forward_context(self.model.attention_metadata(meta), self.kv_cache):
+            hidden, aux = self.run(ids, pos, aux_layer_ids)
         return hidden, aux, cu
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, H] -> [num_rows, vocab]
