@@ -45,7 +45,7 @@ def test_measured_plan_covers_every_bucket_and_is_cached(dtype, tmp_path, monkey
     for bucket, kernel in plans["layers"].items():
         assert kernel in CANDIDATES[dtype] and (kernel != "mv" or bucket == 1)
     assert all(m.plan == plans["layers"] for m in modules)
-    assert attention_plans == [plans["attention"]] and set(plans["attention"].values()) <= {"native", "fp32"}
+    assert attention_plans == [plans["attention"]] and set(plans["attention"].values()) <= {"native", "fp32", "paged"}
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["torch"] == torch.__version__ and "flags" in record and record["times_ms"]["layers"]
 
@@ -75,22 +75,22 @@ def test_plans_dispatch_by_row_count_and_reject_bad_kernels():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_engine_models_run_the_measured_plan(tiny_model_dir, dtype):
     model = LLM(model=str(tiny_model_dir), dtype=str(dtype).removeprefix("torch.")).llm_engine.runner.model
-    expected = {"layers", "head"} | ({"attention"} if dtype == torch.bfloat16 else set())
-    assert set(model.kernel_plans) == expected
+    assert set(model.kernel_plans) == {"layers", "head", "attention"}
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.plan == model.kernel_plans["layers"] for m in linears if m is not model.lm_head)
 
 
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="oneDNN bf16 not available on this CPU")
-def test_fp32_attention_of_a_bf16_model_matches_native(tiny_model_dir):
+def test_every_attention_kernel_of_a_bf16_model_matches_native(tiny_model_dir):
     prompts = ["The quick brown fox", "def add(a, b):"]
     llm = LLM(model=str(tiny_model_dir), dtype="bfloat16")
     model = llm.llm_engine.runner.model
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)
     outputs = {}
-    for kernel in ("native", "fp32"):
+    for kernel in ("native", "fp32", "paged"):
         model.set_attention_plan({1: kernel})
         outputs[kernel] = [o.outputs[0].logprobs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
-    for native, fp32 in zip(outputs["native"], outputs["fp32"]):
-        for token in set(native) & set(fp32):
-            assert abs(native[token].logprob - fp32[token].logprob) < 0.05
+    for native, *others in zip(outputs["native"], outputs["fp32"], outputs["paged"]):
+        for other in others:
+            for token in set(native) & set(other):
+                assert abs(native[token].logprob - other[token].logprob) < 0.05

@@ -21,6 +21,12 @@ every prompt to the longest wastes most of the work when prompt lengths differ,
 and a fresh prompt (queries = its whole context) runs SDPA's causal kernel,
 which skips the masked half.
 
+Decode and verify batches (causal, fewer query rows per sequence than that) can
+run ``draftwise_cpu::paged_attention`` instead (``csrc/paged_attention.cpp``,
+chosen per row count by ``kernel_choice.py``): it reads each sequence's K/V
+straight from its blocks, with neither the gathered copy nor the masks.
+``with_paged_kernel(meta)`` adds the two index tensors it takes.
+
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
 (pad repeats a valid index), ``context_lens`` = [6, 3]. When every sequence
@@ -29,10 +35,13 @@ drafts) there is no padding and no ``query_index``.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from . import native
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
 
@@ -50,8 +59,13 @@ class AttentionMetadata:
     block_size: int = 16
     contiguous_start: int | None = None  # one sequence whose context sits in consecutive slots from here
     compute_dtype: torch.dtype | None = None  # attend in this dtype (e.g. fp32 for a bf16 model); None: q's
-    query_lens: list[int] | None = None  # set when long queries are attended sequence by sequence
-    context_lens: list[int] | None = None  # (causal batches only), with query_lens
+    query_lens: list[int] | None = None  # per sequence: query rows (this step's tokens)
+    context_lens: list[int] | None = None  # per sequence: context length, this step's tokens included
+    per_sequence: bool = False  # long causal queries: attend sequence by sequence
+    causal: bool = True
+    sliding_window: int | None = None
+    cu_query_lens: torch.Tensor | None = None  # [num_seqs + 1]; set: run the paged CPU kernel
+    seq_lens: torch.Tensor | None = None  # [num_seqs] context lengths, with cu_query_lens
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -92,8 +106,19 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
                              mask=to_dev(mask), sliding_mask=to_dev(sliding_mask), max_query_len=max_q,
                              max_context_len=max_ctx, block_size=block_size,
                              contiguous_start=first * block_size if contiguous else None,
-                             query_lens=list(query_lens) if per_seq else None,
-                             context_lens=list(context_lens) if per_seq else None)
+                             query_lens=list(query_lens), context_lens=list(context_lens), per_sequence=per_seq,
+                             causal=causal, sliding_window=sliding_window)
+
+
+def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
+    """``meta`` set to run ``draftwise_cpu::paged_attention`` where it applies (causal CPU batches
+    of fewer than ``PER_SEQUENCE_MIN_QUERY`` query rows per sequence; the kernel is built)."""
+    if not meta.causal or meta.per_sequence or meta.block_table.device.type != "cpu" or not native.load():
+        return meta
+    q_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
+    cu = torch.zeros(len(meta.query_lens) + 1, dtype=torch.int64)
+    torch.cumsum(q_lens, 0, out=cu[1:])
+    return dataclasses.replace(meta, cu_query_lens=cu, seq_lens=torch.tensor(meta.context_lens, dtype=torch.int64))
 
 
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
@@ -120,8 +145,13 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                     meta: AttentionMetadata, scale: float,
                     sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     kv_cache[:, meta.slot_mapping] = torch.stack((k, v))
+    if meta.cu_query_lens is not None:
+        window = meta.sliding_window if sliding and meta.sliding_window else 0
+        out = torch.ops.draftwise_cpu.paged_attention(q.contiguous(), kv_cache, meta.block_table, meta.cu_query_lens,
+                                                      meta.seq_lens, meta.block_size, scale, window)
+        return out.view(q.shape[0], -1)
     keys, values = _context(kv_cache, meta).transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
-    if meta.query_lens is not None:
+    if meta.per_sequence:
         return _per_sequence(q, keys, values, meta, scale, sliding)
     if meta.query_index is None:  # every sequence has max_query_len queries: a view, no gather
         queries = q.view(-1, meta.max_query_len, *q.shape[1:]).transpose(1, 2)  # [num_seqs, heads, max_q, d]

@@ -8,59 +8,48 @@ per bucket. A group is what a step runs together:
   from memory as in a real forward rather than sitting in cache; candidates
   from ``linear.CANDIDATES``. Models have ``layers`` (every linear of the
   decoder layers) and ``head`` (the output projection, whose shape differs).
-* ``AttentionGroup``: scaled-dot-product attention of one sequence over
-  ``ATTENTION_CONTEXT`` keys, computed in the model's dtype (``native``) or in
-  fp32 (``fp32``; bf16 CPU flash attention is several times slower than fp32
-  for a few query rows on some CPUs), rows being query rows.
+* ``AttentionGroup``: one layer's attention for ``ATTENTION_SEQS`` sequences of
+  up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence: scaled-dot-product attention in the model's dtype
+  (``native``) or in fp32 (``fp32``; bf16 CPU flash attention is several times
+  slower than fp32 for a few query rows on some CPUs), or draftwise's paged CPU
+  kernel (``paged``, where it built: ``native.py``).
 
 A group's time is the best of ``REPEATS`` passes after a warm-up.
 
 The result is cached as JSON under ``cache_dir``, keyed by the CPU (model
 name and ISA flags), torch version, thread count, the groups' dtypes and
-shapes and ``METHOD_VERSION``, so a second start reads it instead of measuring. It is logged at
-start-up and kept on the model (``model.kernel_plans``).
+shapes, ``METHOD_VERSION`` and the paged kernel's build, so a second start
+reads it instead of measuring. It is logged at start-up and kept on the
+model (``model.kernel_plans``).
 ``DRAFTWISE_KERNEL_CHOICE=default`` skips the measurement (``linear.DEFAULT_PLANS``).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
+from . import native
+from .attention import PER_SEQUENCE_MIN_QUERY, build_metadata, paged_attention, with_paged_kernel
+from .cpu_info import cpu_signature
 from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64)
 ATTENTION_CONTEXT = 512
+ATTENTION_SEQS = 4  # sequences of the timed attention batch
+BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
-METHOD_VERSION = 2  # part of the cache key: raise it when what is timed changes
+METHOD_VERSION = 4  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
 CHOICE_ENV = "DRAFTWISE_KERNEL_CHOICE"
-_ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "amx_int8")
 logger = logging.getLogger("draftwise")
-
-
-def cpu_signature() -> dict:
-    """The CPU model and the ISA flags that decide kernel speed (from /proc/cpuinfo)."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                name = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-                break
-    except OSError:
-        pass
-    return {"cpu": name, "flags": sorted(f for f in _ISA_FLAGS if f in flags)}
 
 
 class LinearGroup:
@@ -94,22 +83,26 @@ class AttentionGroup:
         self.shape = [num_heads, num_kv_heads, head_dim, ATTENTION_CONTEXT]
 
     def candidates(self, rows: int) -> list[str]:
-        return ["native", "fp32"]
+        kernels = ["native"] + (["fp32"] if self.dtype != torch.float32 else [])
+        return kernels + (["paged"] if rows < PER_SEQUENCE_MIN_QUERY and native.load() else [])
 
     def timer(self, rows: int) -> Callable[[str], None]:
+        """One layer's ``paged_attention`` as a batch runs it: ``ATTENTION_SEQS`` sequences of
+        different context lengths in scattered blocks, ``rows`` query rows each."""
         num_heads, num_kv_heads, head_dim = self.heads
-        q = torch.randn(1, num_heads, rows, head_dim, dtype=self.dtype)
-        # K/V as the paged cache holds them, [context, kv_heads, head_dim], read transposed
-        k, v = (torch.randn(1, ATTENTION_CONTEXT, num_kv_heads, head_dim, dtype=self.dtype).transpose(1, 2)
-                for _ in "kv")
-        positions = torch.arange(ATTENTION_CONTEXT)
-        mask = positions[None, :] <= (ATTENTION_CONTEXT - rows + torch.arange(rows))[:, None]
+        context_lens = [ATTENTION_CONTEXT - 37 * i for i in range(ATTENTION_SEQS)]
+        width = -(-ATTENTION_CONTEXT // BLOCK_SIZE)
+        table = torch.randperm(width * ATTENTION_SEQS).view(ATTENTION_SEQS, width)
+        meta = build_metadata(table, [rows] * ATTENTION_SEQS, context_lens, BLOCK_SIZE, None, torch.device("cpu"))
+        metas = {"native": meta, "fp32": dataclasses.replace(meta, compute_dtype=torch.float32),
+                 "paged": with_paged_kernel(meta)}
+        q, k, v = (torch.randn(rows * ATTENTION_SEQS, h, head_dim, dtype=self.dtype)
+                   for h in (num_heads, num_kv_heads, num_kv_heads))
+        kv_cache = torch.zeros(2, table.numel() * BLOCK_SIZE, num_kv_heads, head_dim, dtype=self.dtype)
 
         def run(kernel: str) -> None:
             for _ in range(ATTENTION_CALLS):  # one call per layer of a step
-                args = (q, k, v) if kernel == "native" else (q.float(), k.float(), v.float())
-                out = F.scaled_dot_product_attention(*args, attn_mask=mask if rows > 1 else None, enable_gqa=True)
-                out.to(self.dtype)
+                paged_attention(q, k, v, kv_cache, metas[kernel], head_dim ** -0.5, False)
         return run
 
 
@@ -183,7 +176,8 @@ def _span(low: int, high: int, last: bool) -> str:
 def _cache_key(groups: dict[str, LinearGroup | AttentionGroup]) -> str:
     shapes = {name: [type(g).__name__, str(g.dtype), g.shape] for name, g in groups.items()}
     what = {**cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "buckets": ROW_BUCKETS, "shapes": shapes, "method": METHOD_VERSION}
+            "buckets": ROW_BUCKETS, "shapes": shapes, "method": METHOD_VERSION,
+            "native": native.build_key() if native.load() else None}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers.attention import AttentionMetadata, paged_attention
+from ..layers import native
+from ..layers.attention import AttentionMetadata, paged_attention, with_paged_kernel
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
@@ -145,8 +146,9 @@ class DecoderLM(nn.Module):
         self.set_attention_plan({1: "native"})
 
     def set_attention_plan(self, plan: dict[int, str]) -> None:
-        """Query rows per sequence -> attend in the model dtype (``native``) or in ``fp32``."""
-        self._attention_fp32 = [kernel == "fp32" for kernel in plan_by_rows(plan)]
+        """Query rows per sequence -> attend in the model dtype (``native``), in ``fp32``, or with
+        the paged CPU kernel (``paged``; ``native`` where it is not built)."""
+        self._attention_kernels = [k if k != "paged" or native.load() else "native" for k in plan_by_rows(plan)]
 
     @property
     def uses_sliding_window(self) -> bool:
@@ -164,10 +166,11 @@ class DecoderLM(nn.Module):
         return self
 
     def attention_metadata(self, meta: AttentionMetadata) -> AttentionMetadata:
-        """``meta`` with the attention dtype this model's plan picks for its query rows."""
-        if self._attention_fp32[min(meta.max_query_len, len(self._attention_fp32) - 1)]:
+        """``meta`` set for the attention kernel this model's plan picks for its query rows."""
+        kernel = self._attention_kernels[min(meta.max_query_len, len(self._attention_kernels) - 1)]
+        if kernel == "fp32":
             return dataclasses.replace(meta, compute_dtype=torch.float32)
-        return meta
+        return with_paged_kernel(meta) if kernel == "paged" else meta
 
     def forward(self, input_ids: torch.Tensor,  # [num_tokens]
                 positions: torch.Tensor,  # [num_tokens]

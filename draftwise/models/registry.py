@@ -64,17 +64,16 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
 
 def kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
     """What a CPU step runs, as timed together: the decoder layers' linears, the head's, and
-    (below fp32) the attention."""
+    the attention."""
     groups = {}
     layers = [m for layer in model.layers for m in layer.modules() if isinstance(m, PackedLinear)]
     if layers:
         groups["layers"] = LinearGroup(layers)
     if isinstance(model.lm_head, PackedLinear):
         groups["head"] = LinearGroup([model.lm_head])
-    if dtype != torch.float32:
-        layer = model.layers[0]
-        groups["attention"] = AttentionGroup(layer.num_heads, layer.num_kv_heads, layer.head_dim, dtype,
-                                             model.set_attention_plan)
+    layer = model.layers[0]
+    groups["attention"] = AttentionGroup(layer.num_heads, layer.num_kv_heads, layer.head_dim, dtype,
+                                         model.set_attention_plan)
     return groups
 
 

@@ -1,0 +1,75 @@
+"""Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
+
+``load()`` compiles ``csrc/paged_attention.cpp`` with the system's C++ compiler for
+this CPU (``-march=native``: the kernel is built on the machine it runs on) against
+the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
+the source, torch version and CPU, and registers ``torch.ops.draftwise_cpu.*``. It
+returns False, and logs why, where no compiler or no build works: callers then keep
+the pure-torch path. ``DRAFTWISE_NATIVE=0`` turns the kernels off.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+from .cpu_info import cpu_signature
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+NATIVE_ENV = "DRAFTWISE_NATIVE"
+logger = logging.getLogger("draftwise")
+
+
+@cache
+def load() -> bool:
+    if os.environ.get(NATIVE_ENV, "1") == "0" or not torch.backends.openmp.is_available():
+        return False
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        logger.info("draftwise: no C++ compiler, the CPU attention kernel is off")
+        return False
+    library = _cache_dir() / f"paged_attention-{build_key()}.so"
+    if not library.exists() and not _build(compiler, library):
+        return False
+    torch.ops.load_library(str(library))
+    return True
+
+
+def build_key() -> str:
+    """What the built library depends on: its source, the torch version and the CPU."""
+    key = json.dumps([SOURCE.read_text(), torch.__version__, cpu_signature()], sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "draftwise" / "native"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _build(compiler: str, library: Path) -> bool:
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [compiler, str(SOURCE), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++17", "-O3",
+               "-march=native", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    command += [f"-I{p}" for p in cpp_extension.include_paths()]
+    command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
+    command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+    logger.info("draftwise: building the CPU attention kernel for this machine (once)...")
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        logger.warning("draftwise: the CPU attention kernel did not build, using torch's attention:\n%s",
+                       result.stderr[-2000:])
+        return False
+    os.replace(f"{library}.tmp", library)
+    logger.info("draftwise: CPU attention kernel built in %.1f s (%s)", time.perf_counter() - start, library)
+    return True

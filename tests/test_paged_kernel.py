@@ -1,0 +1,68 @@
+"""The paged CPU attention kernel (``layers/csrc/paged_attention.cpp``) computes what the
+torch path computes: ragged decode and verify batches over scattered blocks, GQA, sliding
+windows, bf16 and fp32; and an engine running it decodes exactly as one running SDPA (fp32)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import PROMPTS, greedy
+
+from draftwise import LLM
+from draftwise.layers import native
+from draftwise.layers.attention import build_metadata, paged_attention, with_paged_kernel
+
+pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
+BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 64, 6, 2, 32
+
+
+def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0):
+    """(kernel output, torch output) for one layer: the same K/V cache, queries and block tables."""
+    gen = torch.Generator().manual_seed(seed)
+    tables = torch.randperm(NUM_BLOCKS, generator=gen)
+    width = -(-max(context_lens) // BLOCK_SIZE)
+    table = tables[:len(context_lens) * width].view(len(context_lens), width)
+    meta = build_metadata(table, query_lens, context_lens, BLOCK_SIZE, window, torch.device("cpu"))
+    num_tokens = sum(query_lens)
+    q, k, v = (torch.randn(num_tokens, h, HEAD_DIM, generator=gen).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
+    cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    outputs = []
+    for run_meta in (with_paged_kernel(meta), dataclasses.replace(meta, compute_dtype=torch.float32)):
+        outputs.append(paged_attention(q, k, v, cache.clone(), run_meta, HEAD_DIM ** -0.5, sliding).float())
+    assert with_paged_kernel(meta).cu_query_lens is not None
+    return outputs
+
+
+@pytest.mark.parametrize("query_lens, context_lens", [
+    ([1], [1]), ([1], [37]), ([1, 1, 1], [5, 80, 33]),  # decodes
+    ([4], [50]), ([6, 6], [6, 70]), ([1, 5, 3], [17, 40, 3]),  # verify rows, ragged
+])
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_kernel_matches_torch(query_lens, context_lens, dtype, atol):
+    kernel, reference = _attend(query_lens, context_lens, dtype)
+    torch.testing.assert_close(kernel, reference, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("sliding", [True, False])
+def test_kernel_honours_the_sliding_window_only_on_sliding_layers(sliding):
+    kernel, reference = _attend([3, 1], [60, 45], torch.float32, window=20, sliding=sliding, seed=3)
+    torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=0)
+
+
+def test_long_and_non_causal_queries_keep_the_torch_path():
+    table = torch.arange(8).view(1, 8)
+    long = build_metadata(table, [20], [40], BLOCK_SIZE, None, torch.device("cpu"))
+    dflash = build_metadata(table, [4], [40], BLOCK_SIZE, None, torch.device("cpu"), causal=False)
+    assert with_paged_kernel(long).cu_query_lens is None and with_paged_kernel(dflash).cu_query_lens is None
+
+
+def test_engine_on_the_kernel_decodes_as_on_sdpa(tiny_model_dir):
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0)
+    model = llm.llm_engine.runner.model
+    params = [greedy(n) for n in (12, 20, 8, 16, 10, 14, 6, 18)]
+    outputs = {}
+    for kernel in ("native", "paged"):
+        model.set_attention_plan({1: kernel, 16: "native"})
+        outputs[kernel] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    assert outputs["paged"] == outputs["native"]
