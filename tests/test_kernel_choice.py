@@ -1,4 +1,4 @@
-"""Kernels (linears, attention dtype) chosen per row count by measurement on this machine, cached,
+"""Kernels (linears; attention: native, fp32 or the paged kernel) chosen per row count by measurement on this machine, cached,
 and all correct."""
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ per bucket. A group is what a step runs together:
   from ``linear.CANDIDATES``. Models have ``layers`` (every linear of the
   decoder layers) and ``head`` (the output projection, whose shape differs).
 * ``AttentionGroup``: one layer's attention for ``ATTENTION_SEQS`` sequences of
-  up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence: scaled-dot-product attention in the model's dtype
-  (``native``) or in fp32 (``fp32``; bf16 CPU flash attention is several times
-  slower than fp32 for a few query rows on some CPUs), or draftwise's paged CPU
-  kernel (``paged``, where it built: ``native.py``).
+  up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence:
+  scaled-dot-product attention in the model's dtype (``native``) or in fp32
+  (``fp32``; bf16 CPU flash attention is several times slower than fp32 for a
+  few query rows on some CPUs), or draftwise's paged CPU kernel (``paged``,
+  where it built: ``native.py``).
 
 A group's time is the best of ``REPEATS`` passes after a warm-up.
 

@@ -7,8 +7,9 @@ Gemma3), sliding-window layers and logit soft-capping.
 
 ``forward`` takes a flat batch of tokens of many requests; the step's
 ``AttentionMetadata`` and the KV cache come from the forward context
-(``layers/forward_context.py``), so the same forward runs eager or compiled. It returns the final-norm hidden states ``[num_tokens,
-hidden]`` and, for the layer ids asked in ``aux_layer_ids`` (in that order),
+(``layers/forward_context.py``), so the same forward runs eager or compiled.
+It returns the final-norm hidden states ``[num_tokens, hidden]`` and, for the
+layer ids asked in ``aux_layer_ids`` (in that order),
 the residual stream entering those layers, id ``num_layers`` being the last
 layer's output before the final norm (what EAGLE-3 and DFlash drafters read).
 
