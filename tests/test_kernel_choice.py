@@ -1,5 +1,5 @@
-"""Kernels (linears; attention: native, fp32 or the paged kernel) chosen per row count by measurement on this machine, cached,
-and all correct."""
+"""Kernels (linears; attention: native, fp32 or the paged kernel) chosen per row count by
+measurement on this machine, cached, and all correct."""
 from __future__ import annotations
 
 import json
