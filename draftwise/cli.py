@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from .validate import json_flag
+from .validate import add_compilation_args, compilation_flag, json_flag
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -30,9 +30,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative-config", "-sc", default=None, help="JSON speculative config")
     parser.add_argument("--additional-config", default=None, help="JSON additional config")
-    parser.add_argument("--compilation-config", "-O", default=None,
-                        help="JSON compilation config, or a mode: -O3 compiles the forward, -O0 runs eager")
-    parser.add_argument("--enforce-eager", action="store_true", help="never compile the forward")
+    add_compilation_args(parser)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -43,14 +41,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes, tensor_parallel_size=args.tensor_parallel_size,
                 speculative_config=json_flag("--speculative-config", args.speculative_config),
                 additional_config=json_flag("--additional-config", args.additional_config),
-                compilation_config=_compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager)
-
-
-def _compilation_flag(text: str | None) -> dict | int | None:
-    """``-O3`` / ``-O 3`` (a mode) or ``--compilation-config '{...}'`` (a JSON object)."""
-    if text is not None and text.strip().isdigit():
-        return int(text)
-    return json_flag("--compilation-config", text)
+                compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -1,11 +1,12 @@
 """Checks shared by every config: ``SpeculativeConfig``, the proposers' ``Options``, the verify
-config, and the command line's JSON-object flags.
+config, and the command line's JSON-object flags and compilation flags (``-O``).
 
 Each raises ``ValueError`` naming the key (under ``prefix``, by default
 ``speculative_config``) or the flag, the value and what is allowed.
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 PREFIX = "speculative_config"
@@ -48,3 +49,17 @@ def json_flag(flag: str, text: str | None) -> dict | None:
     if not isinstance(raw, dict):
         raise ValueError(f"{flag} must be a JSON object, got {text!r}")
     return raw
+
+
+def add_compilation_args(parser: argparse.ArgumentParser) -> None:
+    """``--compilation-config`` / ``-O`` and ``--enforce-eager``, for every command that builds an engine."""
+    parser.add_argument("--compilation-config", "-O", default=None,
+                        help="JSON compilation config, or a mode: -O3 compiles the forward, -O0 runs eager")
+    parser.add_argument("--enforce-eager", action="store_true", help="never compile the forward")
+
+
+def compilation_flag(text: str | None) -> dict | int | None:
+    """``-O3`` / ``-O 3`` (a compilation mode) or ``--compilation-config '{...}'`` (a JSON object)."""
+    if text is not None and text.strip().isdigit():
+        return int(text)
+    return json_flag("--compilation-config", text)

@@ -8,6 +8,7 @@ import pytest
 from conftest import PROMPTS, _save_random_llama, greedy
 
 from draftwise import LLM
+from draftwise.bench.options import BenchOptions
 from draftwise.cli import build_parser, engine_kwargs
 from draftwise.compilation import CompilationConfig
 from draftwise.compilation.config import default_capture_sizes
@@ -112,3 +113,19 @@ def test_cli_flags():
     assert parse("--enforce-eager")["enforce_eager"] is True
     with pytest.raises(ValueError, match="--compilation-config"):
         parse("-O", "{bad")
+    bench = build_parser().parse_args(["bench", "-O3", "--enforce-eager"])
+    options = BenchOptions.from_args(bench)
+    assert options.compilation_config == 3 and options.enforce_eager is True
+
+
+def test_the_seeds_mtp_command_starts(tiny_model_dir, spec_dirs, eager_tokens):
+    """The seeds' MTP example passes ``--compilation-config '{"cudagraph_mode": "FULL_DECODE_ONLY"}'``."""
+    args = build_parser().parse_args(["serve", str(tiny_model_dir), "--dtype", "float32", "-sc",
+                                      f'{{"method": "mtp", "model": "{spec_dirs["mtp_target"]}", '
+                                      '"num_speculative_tokens": 2}',
+                                      "--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}'])
+    kwargs = engine_kwargs(args)
+    kwargs["model"] = args.model or args.model_tag
+    llm = LLM(**kwargs)
+    assert llm.llm_engine.config.compilation.cudagraph_mode == "FULL_DECODE_ONLY"
+    assert _tokens(llm) == eager_tokens  # MTP drafts verified: the plain greedy tokens

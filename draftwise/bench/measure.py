@@ -91,7 +91,8 @@ def build_engine(options: BenchOptions, config: Configuration, concurrency: int)
     sizes the default KV cache), warmed up with that many short requests."""
     llm = LLM(model=options.model, dtype=options.dtype, device=options.device, seed=options.seed,
               max_num_seqs=concurrency, speculative_config=config.speculative_config,
-              kv_cache_memory_bytes=options.kv_cache_memory_bytes, additional_config=options.additional_config)
+              kv_cache_memory_bytes=options.kv_cache_memory_bytes, additional_config=options.additional_config,
+              compilation_config=options.compilation_config, enforce_eager=options.enforce_eager)
     warmup = [BenchPrompt("warmup", prompt=WARMUP_TEXT.format(i)) for i in range(concurrency)]
     params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS)
     run_pass(llm, tokenize_prompts(llm.get_tokenizer(), warmup), [params] * concurrency, concurrency)

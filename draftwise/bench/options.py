@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import registered_methods
-from ..validate import json_flag
+from ..validate import add_compilation_args, compilation_flag, json_flag
 
 COMPARE_CHOICES = ("transformers",)
 
@@ -56,6 +56,8 @@ class BenchOptions:
     max_rel_error: float = 0.03
     kv_cache_memory_bytes: int | None = None
     additional_config: dict | None = None  # what LLM(additional_config=...) gets, for every configuration
+    compilation_config: dict | int | None = None  # likewise LLM(compilation_config=...)
+    enforce_eager: bool = False
     compare: list[str] = field(default_factory=list)
     spec_options: dict[str, dict] = field(default_factory=dict)  # method -> its extra speculative_config keys
 
@@ -93,6 +95,7 @@ class BenchOptions:
                    max_repeats=args.max_repeats, max_rel_error=args.max_rel_error,
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes, compare=args.compare or [],
                    additional_config=json_flag("--additional-config", args.additional_config),
+                   compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
                    spec_options=_spec_options(args.speculative_config or []))
 
 
@@ -175,4 +178,5 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add("--kv-cache-memory-bytes", type=int, default=None)
     add("--additional-config", default=None, metavar="JSON",
         help='engine options for every configuration, e.g. \'{"gguf_int4": true}\'')
+    add_compilation_args(parser)
 
