@@ -22,7 +22,7 @@ and a fresh prompt (queries = its whole context) runs SDPA's causal kernel,
 which skips the masked half.
 
 Decode and verify batches (causal, fewer query rows per sequence than that) can
-run ``draftwise_cpu::paged_attention`` instead (``csrc/paged_attention.cpp``,
+run ``draftwise_cpu::paged_attention`` instead (``csrc/cpu_kernels.cpp``,
 chosen per row count by ``kernel_choice.py``): it reads each sequence's K/V
 straight from its blocks, with neither the gathered copy nor the masks.
 ``with_paged_kernel(meta)`` adds the two index tensors it takes.

@@ -1,6 +1,8 @@
 """Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
 
-``load()`` compiles ``csrc/paged_attention.cpp`` with the system's C++ compiler for
+The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over the
+paged cache, ``layers/attention.py``) and ``draftwise_cpu::rms_norm`` (``layers/common.py``).
+``load()`` compiles ``csrc/cpu_kernels.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
 the source, torch version and CPU, and registers ``torch.ops.draftwise_cpu.*``. It
@@ -24,7 +26,7 @@ from torch.utils import cpp_extension
 
 from .cpu_info import cpu_signature
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 logger = logging.getLogger("draftwise")
 
@@ -35,9 +37,9 @@ def load() -> bool:
         return False
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
-        logger.info("draftwise: no C++ compiler, the CPU attention kernel is off")
+        logger.info("draftwise: no C++ compiler, the C++ CPU kernels are off")
         return False
-    library = _cache_dir() / f"paged_attention-{build_key()}.so"
+    library = _cache_dir() / f"cpu_kernels-{build_key()}.so"
     if not library.exists() and not _build(compiler, library):
         return False
     torch.ops.load_library(str(library))
@@ -63,13 +65,13 @@ def _build(compiler: str, library: Path) -> bool:
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
     command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
-    logger.info("draftwise: building the CPU attention kernel for this machine (once)...")
+    logger.info("draftwise: building the C++ CPU kernels for this machine (once)...")
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        logger.warning("draftwise: the CPU attention kernel did not build, using torch's attention:\n%s",
+        logger.warning("draftwise: the C++ CPU kernels did not build, using torch's ops:\n%s",
                        result.stderr[-2000:])
         return False
     os.replace(f"{library}.tmp", library)
-    logger.info("draftwise: CPU attention kernel built in %.1f s (%s)", time.perf_counter() - start, library)
+    logger.info("draftwise: C++ CPU kernels built in %.1f s (%s)", time.perf_counter() - start, library)
     return True

@@ -1,4 +1,5 @@
-// draftwise::paged_attention_cpu: attention of a few query rows per sequence over its paged KV cache.
+// draftwise_cpu::paged_attention: attention of a few query rows per sequence over its paged KV cache
+// (and draftwise_cpu::rms_norm, at the end).
 //
 // Reads each sequence's keys and values block by block straight from the cache (no gathered copy,
 // no fp32 copy of the context) and accumulates in fp32. Queries of sequence s are rows
@@ -108,10 +109,35 @@ at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, 
   return out;
 }
 
+// x * rsqrt(mean(x^2) + eps) * weight over the last dim of fp32 rows: one call instead of torch's
+// five ops (pow, mean, add, rsqrt, mul), which dominate the norm's time at a few rows.
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm takes float32");
+  auto input = x.contiguous();
+  const int64_t dim = input.size(-1), num_rows = input.numel() / dim;
+  TORCH_CHECK(weight.numel() == dim, "rms_norm: weight size ", weight.numel(), " != ", dim);
+  at::Tensor out = at::empty_like(input);
+  const float* src = input.data_ptr<float>();
+  const float* w = weight.contiguous().data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, num_rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = src + r * dim;
+      float sum = 0.f;
+      for (int64_t d = 0; d < dim; ++d) sum += row[d] * row[d];
+      const float scale = 1.f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
+      for (int64_t d = 0; d < dim; ++d) dst[r * dim + d] = row[d] * scale * w[d];
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(draftwise_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor query_start, "
         "Tensor context_lens, int block_size, float scale, int sliding_window) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention_cpu);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm_cpu);
 }

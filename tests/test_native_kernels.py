@@ -1,6 +1,7 @@
-"""The paged CPU attention kernel (``layers/csrc/paged_attention.cpp``) computes what the
-torch path computes: ragged decode and verify batches over scattered blocks, GQA, sliding
-windows, bf16 and fp32; and an engine running it decodes exactly as one running SDPA (fp32)."""
+"""draftwise's C++ CPU kernels (``layers/csrc/cpu_kernels.cpp``) compute what torch computes.
+The paged attention kernel: ragged decode and verify batches over scattered blocks, GQA, sliding
+windows, bf16 and fp32, and an engine running it decodes exactly as one running SDPA (fp32).
+The RMSNorm kernel: equal to ``F.rms_norm`` within fp32 rounding; training keeps torch's op."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +12,7 @@ from conftest import PROMPTS, greedy
 
 from draftwise import LLM
 from draftwise.layers import native
+from draftwise.layers.common import RMSNorm
 from draftwise.layers.attention import build_metadata, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
@@ -66,3 +68,21 @@ def test_engine_on_the_kernel_decodes_as_on_sdpa(tiny_model_dir):
         model.set_attention_plan({1: kernel, 16: "native"})
         outputs[kernel] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert outputs["paged"] == outputs["native"]
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 576), (3, 2, 40)])
+def test_rms_norm_matches_torch(shape):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 3
+    norm = RMSNorm(shape[-1], 1e-5)
+    norm.weight.data = torch.rand(shape[-1]) + 0.5
+    reference = torch.nn.functional.rms_norm(x, (shape[-1],), norm.weight, 1e-5)
+    torch.testing.assert_close(torch.ops.draftwise_cpu.rms_norm(x, norm.weight, 1e-5), reference, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(norm(x.bfloat16()), torch.nn.functional.rms_norm(x.bfloat16().float(), (shape[-1],),
+                                                                               norm.weight, 1e-5), atol=1e-6, rtol=1e-5)
+
+
+def test_rms_norm_keeps_autograd():
+    norm = RMSNorm(16, 1e-6)
+    norm.weight.requires_grad_(True)
+    norm(torch.randn(2, 16)).sum().backward()  # training runs torch's op, which has a gradient
+    assert norm.weight.grad is not None
