@@ -30,7 +30,6 @@ from itertools import accumulate
 import torch
 
 from ..paged import ForwardInput
-from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 
 PRIOR = 0.5  # acceptance assumed before a sequence has verified anything
@@ -107,15 +106,12 @@ def measure_step_costs(target, block_manager, max_num_drafts: int, context_len: 
     """
     if max_num_drafts < 1 or context_len < 1:
         return [1.0] * (max_num_drafts + 1)
-    dummy = Sequence("step-cost", 0, [0] * context_len, SamplingParams(temperature=0.0), 0, 0.0)
-    if not block_manager.ensure(dummy, context_len + max_num_drafts + 1):
-        return [1.0] * (max_num_drafts + 1)
-    try:
+    with block_manager.scratch("step-cost", context_len, context_len + max_num_drafts + 1) as dummy:
+        if dummy is None:
+            return [1.0] * (max_num_drafts + 1)
         target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
         times = {rows: _best_time(target, dummy, context_len, rows, repeats)
                  for rows in sorted({1, 2, max_num_drafts + 1})}
-    finally:
-        block_manager.free(dummy)
     first, last = times[2] / times[1], times[max_num_drafts + 1] / times[1]
     span = max(1, max_num_drafts - 1)
     return [1.0] + [first + (last - first) * (k - 1) / span for k in range(1, max_num_drafts + 1)]

@@ -101,14 +101,11 @@ class LLMEngine:
         paged.run_with(compiled)
 
         def compile_one(num_tokens: int) -> None:
-            dummy = Sequence("compile", 0, [0] * num_tokens, SamplingParams(temperature=0.0), 0, 0.0)
-            if not self.block_manager.ensure(dummy, num_tokens):
-                raise ValueError(f"the KV cache cannot hold the {num_tokens}-token compile batch; "
-                                 "lower compilation_config's sizes or raise kv_cache_memory_bytes")
-            try:
+            with self.block_manager.scratch("compile", num_tokens, num_tokens) as dummy:
+                if dummy is None:
+                    raise ValueError(f"the KV cache cannot hold the {num_tokens}-token compile batch; "
+                                     "lower compilation_config's sizes or raise kv_cache_memory_bytes")
                 paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_ids)
-            finally:
-                self.block_manager.free(dummy)
 
         return log_compile(compiled.warm_up_sizes(), compile_one)
 

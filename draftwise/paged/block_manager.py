@@ -12,11 +12,17 @@ reaches the cache: it alone advances ``num_computed_tokens`` over accepted
 drafts, gives back blocks past the new end, and clips what a drafter's own
 cache holds (``drafter_num_computed_tokens``) to the accepted positions. The
 K/V of rejected positions stays in its slots and is overwritten later.
+
+``scratch(name, num_tokens, num_slots)`` lends a throwaway sequence for
+start-up work (timing a step, compiling the forward) and frees its blocks.
 """
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
 
+from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 
 
@@ -55,6 +61,19 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         self.free_block_ids.extend(reversed(seq.block_ids))
         seq.block_ids = []
+
+    @contextmanager
+    def scratch(self, name: str, num_tokens: int, num_slots: int) -> Iterator[Sequence | None]:
+        """A throwaway greedy sequence of ``num_tokens`` zero tokens with blocks for ``num_slots``
+        slots, or None when the cache cannot hold them; its blocks are freed on exit."""
+        seq = Sequence(name, 0, [0] * num_tokens, SamplingParams(temperature=0.0), 0, 0.0)
+        if not self.ensure(seq, num_slots):
+            yield None
+            return
+        try:
+            yield seq
+        finally:
+            self.free(seq)
 
     def rollback(self, seq: Sequence, num_accepted: int) -> None:
         """After a step that sampled for ``seq`` (its ``num_computed_tokens`` already covers the
