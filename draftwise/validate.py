@@ -38,14 +38,19 @@ def check_choice(key: str, value, choices, prefix: str = PREFIX) -> None:
         raise ValueError(f"{prefix}[{key!r}]={value!r} is invalid; allowed: {list(choices)}")
 
 
+def parse_json(name: str, text: str):
+    """``text`` parsed as JSON; ValueError names ``name`` (a flag or a config) and quotes the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON ({exc.msg}): {text!r}") from None
+
+
 def json_flag(flag: str, text: str | None) -> dict | None:
     """A JSON-object flag (``--speculative-config`` etc.) parsed; ValueError names the flag."""
     if text is None:
         return None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag} is not valid JSON ({exc.msg}): {text!r}") from None
+    raw = parse_json(flag, text)
     if not isinstance(raw, dict):
         raise ValueError(f"{flag} must be a JSON object, got {text!r}")
     return raw

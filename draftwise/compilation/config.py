@@ -22,10 +22,9 @@ Unknown keys and bad values raise ``ValueError`` naming the key and what is allo
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from ..validate import check_choice, check_int
+from ..validate import check_choice, check_int, parse_json
 
 PREFIX = "compilation_config"
 DEFAULT_MODE = 0
@@ -52,7 +51,7 @@ class CompilationConfig:
         if isinstance(value, cls):
             return value
         if isinstance(value, str):
-            value = _parse_text(value)
+            value = parse_json(PREFIX, value)
         if isinstance(value, int) and not isinstance(value, bool):
             value = {"mode": value}
         if not isinstance(value, dict):
@@ -92,13 +91,6 @@ class CompilationConfig:
 def default_capture_sizes(max_size: int) -> list[int]:
     """vLLM's default capture sizes: 1, 2, 4, then every multiple of 8 up to ``max_size``."""
     return [s for s in (1, 2, 4) if s <= max_size] + list(range(8, max_size + 1, 8))
-
-
-def _parse_text(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{PREFIX} is not valid JSON ({exc.msg}): {text!r}") from None
 
 
 def _mode(value) -> int:

@@ -11,12 +11,11 @@ the only list of methods: a method is valid when a proposer registered it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from ..drafters import resolve_drafter
-from ..validate import PREFIX, check_bool, check_choice, check_int
+from ..validate import PREFIX, check_bool, check_choice, check_int, parse_json
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class, registered_methods
 
@@ -66,10 +65,7 @@ class SpeculativeConfig:
 
 def _as_dict(raw) -> dict:
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{PREFIX} is not valid JSON: {exc}") from None
+        raw = parse_json(PREFIX, raw)
     if not isinstance(raw, dict):
         raise ValueError(f"{PREFIX} must be a dict (or its JSON text), got {type(raw).__name__}")
     return dict(raw)
