@@ -16,10 +16,10 @@ from draftwise.layers.common import RMSNorm
 from draftwise.layers.attention import build_metadata, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
-BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 64, 6, 2, 32
+BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 160, 6, 2, 32
 
 
-def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0):
+def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0, head_dim=HEAD_DIM):
     """(kernel output, torch output) for one layer: the same K/V cache, queries and block tables."""
     gen = torch.Generator().manual_seed(seed)
     tables = torch.randperm(NUM_BLOCKS, generator=gen)
@@ -27,11 +27,11 @@ def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0)
     table = tables[:len(context_lens) * width].view(len(context_lens), width)
     meta = build_metadata(table, query_lens, context_lens, BLOCK_SIZE, window, torch.device("cpu"))
     num_tokens = sum(query_lens)
-    q, k, v = (torch.randn(num_tokens, h, HEAD_DIM, generator=gen).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
-    cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen).to(dtype)
+    q, k, v = (torch.randn(num_tokens, h, head_dim, generator=gen).to(dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
+    cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, head_dim, generator=gen).to(dtype)
     outputs = []
     for run_meta in (with_paged_kernel(meta), dataclasses.replace(meta, compute_dtype=torch.float32)):
-        outputs.append(paged_attention(q, k, v, cache.clone(), run_meta, HEAD_DIM ** -0.5, sliding).float())
+        outputs.append(paged_attention(q, k, v, cache.clone(), run_meta, head_dim ** -0.5, sliding).float())
     assert with_paged_kernel(meta).cu_query_lens is not None
     return outputs
 
@@ -44,6 +44,21 @@ def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0)
 def test_kernel_matches_torch(query_lens, context_lens, dtype, atol):
     kernel, reference = _attend(query_lens, context_lens, dtype)
     torch.testing.assert_close(kernel, reference, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 48])  # the kernel's fixed-dim builds and its generic one
+@pytest.mark.parametrize("query_lens, context_lens", [([1, 1], [300, 129]), ([5, 2, 1], [700, 256, 128])])
+def test_long_contexts_split_into_chunks_merge_exactly(query_lens, context_lens, head_dim):
+    """Contexts of several 128-key chunks (the kernel splits them and merges each row's chunks)."""
+    kernel, reference = _attend(query_lens, context_lens, torch.float32, seed=5, head_dim=head_dim)
+    torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("sliding", [True, False])
+def test_a_window_across_chunks_hides_the_early_chunks(sliding):
+    """Queries whose window starts in a later chunk than the first visible key of the sequence."""
+    kernel, reference = _attend([6, 1], [400, 300], torch.float32, window=133, sliding=sliding, seed=7)
+    torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("sliding", [True, False])

@@ -1,96 +1,224 @@
 // draftwise_cpu::paged_attention: attention of a few query rows per sequence over its paged KV cache
 // (and draftwise_cpu::rms_norm, at the end).
 //
-// Reads each sequence's keys and values block by block straight from the cache (no gathered copy,
-// no fp32 copy of the context) and accumulates in fp32. Queries of sequence s are rows
-// query_start[s] .. query_start[s + 1] - 1, the last rows of its context of context_lens[s] tokens,
-// so query i sits at position context_lens[s] - num_queries + i and sees keys up to there (causal),
-// and only the last sliding_window of them when sliding_window > 0.
-// Work is split over (sequence, kv head): every query row of that kv head (its queries times its
-// query heads) shares each key and value it loads, converted to fp32 once.
+// Queries of sequence s are rows query_start[s] .. query_start[s + 1] - 1, the last rows of its
+// context of context_lens[s] tokens, so query i sits at position context_lens[s] - num_queries + i
+// and sees keys up to there (causal), and only the last sliding_window of them when
+// sliding_window > 0. Keys and values are read block by block straight from the cache (no
+// gathered copy, no fp32 copy of the context); everything accumulates in fp32.
+//
+// Work is split as flash-decoding does: over (sequence, kv head, chunk of kChunkKeys keys), so one
+// long sequence still keeps every core busy, and threads take items dynamically. An item converts
+// each block's keys / values to fp32 once and shares them between all its query rows (its
+// queries times the kv head's query heads); it leaves each row's max score, exp-sum and unnormalised
+// output, and a second pass merges the chunks of each row. Head dims 64 and 128 are compiled with
+// the dim fixed, so a row's accumulator stays in registers.
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
 
-template <typename T>
-void run(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
-         const at::Tensor& query_start, const at::Tensor& context_lens, int64_t block_size, double scale,
-         int64_t sliding_window, at::Tensor& out) {
-  const int64_t num_seqs = context_lens.size(0), num_heads = q.size(1), head_dim = q.size(2);
-  const int64_t num_kv_heads = kv_cache.size(2), group = num_heads / num_kv_heads;
-  const int64_t num_slots = kv_cache.size(1), table_width = block_table.size(1);
-  const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = kv_cache.data_ptr<T>();
-  const T* v_ptr = k_ptr + num_slots * num_kv_heads * head_dim;
-  T* out_ptr = out.data_ptr<T>();
-  const int64_t* table = block_table.data_ptr<int64_t>();
-  const int64_t* starts = query_start.data_ptr<int64_t>();
-  const int64_t* lens = context_lens.data_ptr<int64_t>();
-  const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> key(head_dim), acc, scores, query;
-    for (int64_t work = begin; work < end; ++work) {
-      const int64_t s = work / num_kv_heads, h = work % num_kv_heads;
-      const int64_t q0 = starts[s], num_q = starts[s + 1] - q0, ctx = lens[s];
-      const int64_t rows = num_q * group;  // query rows of this kv head: (query, head in group)
-      const int64_t first_key = sliding_window > 0 ? std::max<int64_t>(0, ctx - num_q + 1 - sliding_window) : 0;
-      query.assign(rows * head_dim, 0.f);
-      for (int64_t i = 0; i < num_q; ++i)
-        for (int64_t g = 0; g < group; ++g) {
-          const T* src = q_ptr + ((q0 + i) * num_heads + h * group + g) * head_dim;
-          float* dst = query.data() + (i * group + g) * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<float>(src[d]) * fscale;
-        }
-      const int64_t num_keys = ctx - first_key;
-      scores.assign(rows * num_keys, -INFINITY);
-      for (int64_t j = first_key; j < ctx; ++j) {
-        const int64_t slot = table[s * table_width + j / block_size] * block_size + j % block_size;
-        const T* k = k_ptr + (slot * num_kv_heads + h) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) key[d] = static_cast<float>(k[d]);
-        for (int64_t i = 0; i < num_q; ++i) {
-          const int64_t pos = ctx - num_q + i;  // causal and window limits of query i
-          if (j > pos || (sliding_window > 0 && j <= pos - sliding_window)) continue;
-          for (int64_t g = 0; g < group; ++g) {
-            const float* qr = query.data() + (i * group + g) * head_dim;
-            float dot = 0.f;
-            for (int64_t d = 0; d < head_dim; ++d) dot += qr[d] * key[d];
-            scores[(i * group + g) * num_keys + (j - first_key)] = dot;
-          }
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {  // softmax of each row, in place
-        float* row = scores.data() + r * num_keys;
-        const float top = *std::max_element(row, row + num_keys);
-        float total = 0.f;
-        for (int64_t j = 0; j < num_keys; ++j) total += (row[j] = std::exp(row[j] - top));
-        for (int64_t j = 0; j < num_keys; ++j) row[j] /= total;
-      }
-      acc.assign(rows * head_dim, 0.f);
-      for (int64_t j = first_key; j < ctx; ++j) {
-        const int64_t slot = table[s * table_width + j / block_size] * block_size + j % block_size;
-        const T* v = v_ptr + (slot * num_kv_heads + h) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) key[d] = static_cast<float>(v[d]);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float p = scores[r * num_keys + (j - first_key)];
-          if (p == 0.f) continue;
-          float* a = acc.data() + r * head_dim;
-          for (int64_t d = 0; d < head_dim; ++d) a[d] += p * key[d];
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = r / group, g = r % group;
-        T* dst = out_ptr + ((q0 + i) * num_heads + h * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = static_cast<T>(acc[r * head_dim + d]);
+constexpr int64_t kChunkKeys = 128;  // keys per work item
+constexpr float kNoScore = -1e30f;   // max score of a row with no visible key in a chunk
+
+struct Problem {
+  int64_t num_heads, num_kv_heads, group, head_dim, block_size, table_width, num_slots;
+  int64_t sliding_window;
+  float scale;
+  const int64_t* table;   // [num_seqs, table_width]
+  const int64_t* starts;  // [num_seqs + 1]
+  const int64_t* lens;    // [num_seqs]
+};
+
+struct Item {
+  int64_t seq, kv_head, first_key, end_key;
+  int64_t row_offset;  // first row of this item's partial results (rows of all items laid end to end)
+};
+
+inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(dst + i, &word, sizeof(float));
+  }
+}
+
+// The keys a query at position `pos` sees, clipped to [first, end).
+inline void visible(const Problem& p, int64_t pos, int64_t first, int64_t end, int64_t* lo, int64_t* hi) {
+  *lo = p.sliding_window > 0 ? std::max(first, pos - p.sliding_window + 1) : first;
+  *hi = std::min(end, pos + 1);
+}
+
+// One item: scores, per-row softmax statistics and the unnormalised output of its chunk of keys.
+template <typename T, int kDim>
+void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cache, const Item& it,
+                  float* acc, float* row_max, float* row_sum, std::vector<float>& scratch) {
+  const int64_t D = kDim > 0 ? kDim : p.head_dim;
+  const int64_t q0 = p.starts[it.seq], num_q = p.starts[it.seq + 1] - q0, ctx = p.lens[it.seq];
+  const int64_t rows = num_q * p.group, num_keys = it.end_key - it.first_key;
+  scratch.resize(rows * D + rows * num_keys + p.block_size * D);
+  float* query = scratch.data();             // [rows, D], scaled
+  float* scores = query + rows * D;          // [rows, num_keys]
+  float* tile = scores + rows * num_keys;    // [block_size, D]: one block's keys or values in fp32
+  for (int64_t i = 0; i < num_q; ++i)
+    for (int64_t g = 0; g < p.group; ++g) {
+      float* dst = query + (i * p.group + g) * D;
+      to_float(q + ((q0 + i) * p.num_heads + it.kv_head * p.group + g) * D, dst, D);
+      for (int64_t d = 0; d < D; ++d) dst[d] *= p.scale;
+    }
+  const int64_t stride = p.num_kv_heads * D;  // between consecutive slots
+  auto rows_at = [&](const T* cache, int64_t j) {  // this kv head's row of key / value j
+    const int64_t block = p.table[it.seq * p.table_width + j / p.block_size];
+    return cache + ((block * p.block_size + j % p.block_size) * p.num_kv_heads + it.kv_head) * D;
+  };
+  auto prefetch = [&](const T* cache, int64_t j) {  // the block of key j, on its way to the cache
+    if (j >= it.end_key) return;
+    const T* src = rows_at(cache, j);
+    for (int64_t t = 0; t < std::min(p.block_size - j % p.block_size, it.end_key - j); ++t)
+      for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64)
+        __builtin_prefetch(reinterpret_cast<const char*>(src + t * stride) + byte);
+  };
+  // body(first key of the block within the chunk, number of keys) for each block, its rows in `tile`;
+  // the next block of `cache` and this block of `upcoming` (the values, while keys are read) prefetched.
+  auto for_each_block = [&](const T* cache, const T* upcoming, auto&& body) {
+    for (int64_t j = it.first_key; j < it.end_key;) {
+      const int64_t n = std::min(p.block_size - j % p.block_size, it.end_key - j);
+      prefetch(cache, j + n);
+      if (upcoming != nullptr) prefetch(upcoming, j);
+      const T* src = rows_at(cache, j);
+      for (int64_t t = 0; t < n; ++t) to_float(src + t * stride, tile + t * D, D);
+      body(j - it.first_key, n);
+      j += n;
+    }
+  };
+  prefetch(k_cache, it.first_key);
+  for_each_block(k_cache, v_cache, [&](int64_t first, int64_t n) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* qr = query + r * D;
+      float* out = scores + r * num_keys + first;
+      for (int64_t t = 0; t < n; ++t) {
+        const float* key = tile + t * D;
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d) dot += qr[d] * key[d];
+        out[t] = dot;
       }
     }
   });
+  for (int64_t r = 0; r < rows; ++r) {  // softmax numerators over the visible keys; 0 elsewhere
+    int64_t lo, hi;
+    visible(p, ctx - num_q + r / p.group, it.first_key, it.end_key, &lo, &hi);
+    float* row = scores + r * num_keys;
+    lo -= it.first_key, hi -= it.first_key;
+    float top = kNoScore, total = 0.f;
+    for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
+    for (int64_t j = 0; j < num_keys; ++j) {
+      row[j] = (j >= lo && j < hi) ? std::exp(row[j] - top) : 0.f;
+      total += row[j];
+    }
+    row_max[r] = top, row_sum[r] = total;
+  }
+  std::fill(acc, acc + rows * D, 0.f);
+  for_each_block(v_cache, nullptr, [&](int64_t first, int64_t n) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* weights = scores + r * num_keys + first;
+      float sum[kDim > 0 ? kDim : 1];
+      float* a = kDim > 0 ? sum : acc + r * D;
+      if (kDim > 0) std::memcpy(sum, acc + r * D, D * sizeof(float));
+      for (int64_t t = 0; t < n; ++t) {
+        const float w = weights[t];
+        const float* value = tile + t * D;
+        for (int64_t d = 0; d < D; ++d) a[d] += w * value[d];
+      }
+      if (kDim > 0) std::memcpy(acc + r * D, sum, D * sizeof(float));
+    }
+  });
+}
+
+// out[row] = the chunks' outputs of that row, each weighted by exp(its max - the overall max), / the sum.
+template <typename T>
+void merge_chunks(const Problem& p, const std::vector<Item>& items, int64_t first_item, int64_t num_items,
+                  const float* acc, const float* row_max, const float* row_sum, T* out) {
+  const Item& head = items[first_item];
+  const int64_t q0 = p.starts[head.seq], num_q = p.starts[head.seq + 1] - q0, rows = num_q * p.group;
+  const int64_t D = p.head_dim;
+  std::vector<float> result(D);
+  for (int64_t r = 0; r < rows; ++r) {
+    float top = kNoScore;
+    for (int64_t c = 0; c < num_items; ++c) {
+      const int64_t at = items[first_item + c].row_offset + r;
+      if (row_sum[at] > 0.f) top = std::max(top, row_max[at]);
+    }
+    float total = 0.f;
+    std::fill(result.begin(), result.end(), 0.f);
+    for (int64_t c = 0; c < num_items; ++c) {
+      const int64_t at = items[first_item + c].row_offset + r;
+      if (row_sum[at] <= 0.f) continue;
+      const float weight = std::exp(row_max[at] - top);
+      total += weight * row_sum[at];
+      for (int64_t d = 0; d < D; ++d) result[d] += weight * acc[at * D + d];
+    }
+    T* dst = out + ((q0 + r / p.group) * p.num_heads + head.kv_head * p.group + r % p.group) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(result[d] / total);
+  }
+}
+
+// Runs `work(i)` for i in [0, n) on torch's threads, each taking the next item when it is free.
+template <typename F>
+void dynamic_for(int64_t n, const F& work) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < n; i = next++) work(i);
+  });
+}
+
+template <typename T, int kDim>
+void run(const Problem& p, const T* q, const T* kv, T* out, int64_t num_seqs) {
+  const T* k_cache = kv;
+  const T* v_cache = kv + p.num_slots * p.num_kv_heads * p.head_dim;
+  std::vector<Item> items;
+  std::vector<int64_t> heads;  // first item of each (sequence, kv head)
+  int64_t num_rows = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t num_q = p.starts[s + 1] - p.starts[s], ctx = p.lens[s], rows = num_q * p.group;
+    const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, ctx - num_q + 1 - p.sliding_window) : 0;
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+      heads.push_back(static_cast<int64_t>(items.size()));
+      for (int64_t j = first; j < ctx; j += kChunkKeys) {
+        items.push_back({s, h, j, std::min(ctx, j + kChunkKeys), num_rows});
+        num_rows += rows;
+      }
+    }
+  }
+  heads.push_back(static_cast<int64_t>(items.size()));
+  std::vector<float> acc(num_rows * p.head_dim), row_max(num_rows), row_sum(num_rows);
+  dynamic_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    thread_local std::vector<float> scratch;
+    const Item& it = items[i];
+    attend_chunk<T, kDim>(p, q, k_cache, v_cache, it, acc.data() + it.row_offset * p.head_dim,
+                          row_max.data() + it.row_offset, row_sum.data() + it.row_offset, scratch);
+  });
+  dynamic_for(static_cast<int64_t>(heads.size()) - 1, [&](int64_t i) {
+    merge_chunks<T>(p, items, heads[i], heads[i + 1] - heads[i], acc.data(), row_max.data(), row_sum.data(),
+                    out);
+  });
+}
+
+template <typename T>
+void run_for_dim(const Problem& p, const T* q, const T* kv, T* out, int64_t num_seqs) {
+  if (p.head_dim == 64) return run<T, 64>(p, q, kv, out, num_seqs);
+  if (p.head_dim == 128) return run<T, 128>(p, q, kv, out, num_seqs);
+  run<T, 0>(p, q, kv, out, num_seqs);
 }
 
 at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
@@ -99,12 +227,17 @@ at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, 
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "q and kv_cache must be contiguous");
   TORCH_CHECK(q.scalar_type() == kv_cache.scalar_type(), "q and kv_cache must share a dtype");
   auto table = block_table.contiguous(), starts = query_start.contiguous(), lens = context_lens.contiguous();
+  const int64_t num_heads = q.size(1), num_kv_heads = kv_cache.size(2);
+  const Problem problem{num_heads, num_kv_heads, num_heads / num_kv_heads, q.size(2), block_size,
+                        table.size(1), kv_cache.size(1), sliding_window, static_cast<float>(scale),
+                        table.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), lens.data_ptr<int64_t>()};
   at::Tensor out = at::empty_like(q);
   if (q.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16>(q, kv_cache, table, starts, lens, block_size, scale, sliding_window, out);
+    run_for_dim(problem, q.data_ptr<c10::BFloat16>(), kv_cache.data_ptr<c10::BFloat16>(),
+                out.data_ptr<c10::BFloat16>(), lens.size(0));
   } else {
     TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention_cpu takes bfloat16 or float32");
-    run<float>(q, kv_cache, table, starts, lens, block_size, scale, sliding_window, out);
+    run_for_dim(problem, q.data_ptr<float>(), kv_cache.data_ptr<float>(), out.data_ptr<float>(), lens.size(0));
   }
   return out;
 }
