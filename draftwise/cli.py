@@ -31,6 +31,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", "-sc", default=None, help="JSON speculative config")
     parser.add_argument("--additional-config", default=None, help="JSON additional config")
     add_compilation_args(parser)
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="run each forward on a worker thread while the previous step's outputs are built")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -41,7 +43,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 kv_cache_memory_bytes=args.kv_cache_memory_bytes, tensor_parallel_size=args.tensor_parallel_size,
                 speculative_config=json_flag("--speculative-config", args.speculative_config),
                 additional_config=json_flag("--additional-config", args.additional_config),
-                compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager)
+                compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
+                async_scheduling=args.async_scheduling)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

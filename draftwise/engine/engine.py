@@ -7,6 +7,9 @@ runs it, applies the sampled tokens and returns the outputs of the requests
 that progressed (finished ones are released from the cache at once).
 ``abort_request`` frees a request's blocks immediately.
 
+``async_scheduling=True`` builds the previous step's outputs on a worker thread
+while each forward runs (see ``step``).
+
 With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
 the next step verifies them in the same target forward that decodes, and
 ``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
@@ -21,6 +24,7 @@ import logging
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from transformers import AutoTokenizer
@@ -34,9 +38,9 @@ from ..paged import ForwardInput, KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import TargetInfo
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
 
 logger = logging.getLogger("draftwise")
@@ -80,6 +84,8 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._seed_rng = random.Random(config.seed)
         self.detokenize_unfinished = False  # streaming front-ends turn this on
+        self._pending_outputs: list[str] = []  # async scheduling: requests the last step advanced
+        self._output_thread = ThreadPoolExecutor(1, "draftwise-output") if config.async_scheduling else None
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
@@ -153,15 +159,33 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
+        """Run one step; return the outputs of the requests it advanced.
+
+        With ``async_scheduling`` the output thread builds the previous step's outputs
+        (detokenization included) while this thread runs the step's forward, so each step returns
+        the outputs of the step before it; the tokens, and so the outputs, are the same either way.
+        (The forward stays on this thread: a second thread running torch ops would start a second
+        OpenMP team, and on a small CPU both teams then stop spin-waiting and every op slows down.)"""
         plan = self.scheduler.schedule()
-        if plan.is_empty:
-            return []
-        spec = self.speculator
-        result = self.runner.execute(plan.scheduled, spec.needs if spec else None)
+        needs = self.speculator.needs if self.speculator else None
+        if not self.config.async_scheduling:
+            if plan.is_empty:
+                return []
+            return self._outputs(self._apply(plan, self.runner.execute(plan.scheduled, needs)))
+        previous = self._output_thread.submit(self._outputs, self._pending_outputs)
+        result = None if plan.is_empty else self.runner.execute(plan.scheduled, needs)
+        outputs = previous.result()  # before _apply changes the sequences it reads
+        self._pending_outputs = self._apply(plan, result) if result is not None else []
+        return outputs
+
+    def _apply(self, plan: SchedulerOutput, result: StepResult) -> list[str]:
+        """Apply a step's tokens: cache, stop conditions, next drafts, releases. Returns the ids of
+        the requests it advanced (everything the next schedule depends on happens here)."""
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         for seq, num_accepted in zip(result.seqs, result.num_accepted):
             self.block_manager.rollback(seq, num_accepted)
+        spec = self.speculator
         if spec:
             spec.on_verified(result)
             for seq in plan.preempted:
@@ -171,10 +195,15 @@ class LLMEngine:
             spec.propose(result)  # before finished sequences are released: their last rows still count
         for seq in finished:
             self._release(seq)
-        touched = dict.fromkeys(s.request_id for s in result.seqs)
+        return list(dict.fromkeys(s.request_id for s in result.seqs))
+
+    def _outputs(self, request_ids: list[str]) -> list[RequestOutput]:
+        """The ``RequestOutput`` of each request (aborted ones skipped); finished ones leave the engine."""
         outputs = []
-        for rid in touched:
-            request = self.requests[rid]
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
             out = self.output_processor.make_output(rid, request.prompt, request.seqs,
                                                     self.detokenize_unfinished)
             if out.finished:
