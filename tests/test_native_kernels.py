@@ -13,7 +13,7 @@ from conftest import PROMPTS, greedy
 from draftwise import LLM
 from draftwise.layers import native
 from draftwise.layers.common import RMSNorm
-from draftwise.layers.attention import build_metadata, paged_attention, with_paged_kernel
+from draftwise.layers.attention import PAGED_MAX_QUERY, build_metadata, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
 BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 160, 6, 2, 32
@@ -39,6 +39,7 @@ def _attend(query_lens, context_lens, dtype, window=None, sliding=False, seed=0,
 @pytest.mark.parametrize("query_lens, context_lens", [
     ([1], [1]), ([1], [37]), ([1, 1, 1], [5, 80, 33]),  # decodes
     ([4], [50]), ([6, 6], [6, 70]), ([1, 5, 3], [17, 40, 3]),  # verify rows, ragged
+    ([13, 24], [150, 24]), ([64, 1], [200, 9]),  # long drafts, a short prompt chunk
 ])
 @pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_kernel_matches_torch(query_lens, context_lens, dtype, atol):
@@ -69,7 +70,7 @@ def test_kernel_honours_the_sliding_window_only_on_sliding_layers(sliding):
 
 def test_long_and_non_causal_queries_keep_the_torch_path():
     table = torch.arange(8).view(1, 8)
-    long = build_metadata(table, [20], [40], BLOCK_SIZE, None, torch.device("cpu"))
+    long = build_metadata(table, [PAGED_MAX_QUERY + 1], [120], BLOCK_SIZE, None, torch.device("cpu"))
     dflash = build_metadata(table, [4], [40], BLOCK_SIZE, None, torch.device("cpu"), causal=False)
     assert with_paged_kernel(long).cu_query_lens is None and with_paged_kernel(dflash).cu_query_lens is None
 

@@ -21,8 +21,8 @@ every prompt to the longest wastes most of the work when prompt lengths differ,
 and a fresh prompt (queries = its whole context) runs SDPA's causal kernel,
 which skips the masked half.
 
-Decode and verify batches (causal, fewer query rows per sequence than that) can
-run ``draftwise_cpu::paged_attention`` instead (``csrc/cpu_kernels.cpp``,
+Decode, verify and short-chunk batches (causal, at most ``PAGED_MAX_QUERY`` query
+rows per sequence) can run ``draftwise_cpu::paged_attention`` instead (``csrc/cpu_kernels.cpp``,
 chosen per row count by ``kernel_choice.py``): it reads each sequence's K/V
 straight from its blocks, with neither the gathered copy nor the masks.
 ``with_paged_kernel(meta)`` adds the two index tensors it takes.
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from . import native
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
+PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows per sequence
 
 
 @dataclass
@@ -112,8 +113,10 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
 
 def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
     """``meta`` set to run ``draftwise_cpu::paged_attention`` where it applies (causal CPU batches
-    of fewer than ``PER_SEQUENCE_MIN_QUERY`` query rows per sequence; the kernel is built)."""
-    if not meta.causal or meta.per_sequence or meta.block_table.device.type != "cpu" or not native.load():
+    of at most ``PAGED_MAX_QUERY`` query rows per sequence; the kernel is built). Longer queries
+    (prefill chunks) keep SDPA, whose flash kernel is faster there."""
+    if (not meta.causal or meta.max_query_len > PAGED_MAX_QUERY or meta.block_table.device.type != "cpu"
+            or not native.load()):
         return meta
     q_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
     cu = torch.zeros(len(meta.query_lens) + 1, dtype=torch.int64)

@@ -13,7 +13,7 @@ per bucket. A group is what a step runs together:
   scaled-dot-product attention in the model's dtype (``native``) or in fp32
   (``fp32``; bf16 CPU flash attention is several times slower than fp32 for a
   few query rows on some CPUs), or draftwise's paged CPU kernel (``paged``,
-  where it built: ``native.py``).
+  up to ``PAGED_MAX_QUERY`` rows, where it built: ``native.py``).
 
 A group's time is the best of ``REPEATS`` passes after a warm-up.
 
@@ -38,7 +38,7 @@ from typing import Callable
 import torch
 
 from . import native
-from .attention import PER_SEQUENCE_MIN_QUERY, build_metadata, paged_attention, with_paged_kernel
+from .attention import PAGED_MAX_QUERY, build_metadata, paged_attention, with_paged_kernel
 from .cpu_info import cpu_signature
 from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
@@ -47,7 +47,7 @@ ATTENTION_CONTEXT = 512
 ATTENTION_SEQS = 4  # sequences of the timed attention batch
 BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
-METHOD_VERSION = 4  # part of the cache key: raise it when what is timed changes
+METHOD_VERSION = 5  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
 CHOICE_ENV = "DRAFTWISE_KERNEL_CHOICE"
 logger = logging.getLogger("draftwise")
@@ -85,7 +85,7 @@ class AttentionGroup:
 
     def candidates(self, rows: int) -> list[str]:
         kernels = ["native"] + (["fp32"] if self.dtype != torch.float32 else [])
-        return kernels + (["paged"] if rows < PER_SEQUENCE_MIN_QUERY and native.load() else [])
+        return kernels + (["paged"] if rows <= PAGED_MAX_QUERY and native.load() else [])
 
     def timer(self, rows: int) -> Callable[[str], None]:
         """One layer's ``paged_attention`` as a batch runs it: ``ATTENTION_SEQS`` sequences of
