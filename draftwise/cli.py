@@ -31,6 +31,8 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speculative-config", "-sc", default=None, help="JSON speculative config")
     parser.add_argument("--additional-config", default=None, help="JSON additional config")
     add_compilation_args(parser)
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                        help="share the KV of common prompt prefixes between requests (default: on)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="run each forward on a worker thread while the previous step's outputs are built")
 
@@ -44,7 +46,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 speculative_config=json_flag("--speculative-config", args.speculative_config),
                 additional_config=json_flag("--additional-config", args.additional_config),
                 compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
-                async_scheduling=args.async_scheduling)
+                async_scheduling=args.async_scheduling, enable_prefix_caching=args.enable_prefix_caching)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None  # None: on (as in vLLM) where the method allows it
     async_scheduling: bool = False  # overlap a step's forward with the previous step's output building
     compilation_config: dict | str | int | CompilationConfig | None = None
     tensor_parallel_size: int = 1
@@ -70,6 +71,8 @@ class EngineConfig:
         if self.tensor_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: "
                              "draftwise runs on a single device (use 1)")
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         if not isinstance(self.enforce_eager, bool):

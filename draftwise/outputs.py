@@ -57,3 +57,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     kv_transfer_params: dict | None = None  # e.g. {"hidden_states_path": ...} (extract_hidden_states)
+    num_cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed

@@ -36,6 +36,8 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_keys: list[int] = []  # prefix-cache keys of the leading full computed blocks
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.status = SequenceStatus.WAITING
         self.arrival_time = arrival_time
         self.first_scheduled_time: float | None = None

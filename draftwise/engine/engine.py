@@ -70,7 +70,9 @@ class LLMEngine:
         pool.add("target", PagedModel.kv_cache_spec(model))
         if self.speculator:
             self.speculator.add_kv(pool)
-        self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len)
+        self.prefix_caching = self._prefix_caching()
+        self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
+                                           self.prefix_caching)
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device)
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
@@ -114,6 +116,23 @@ class LLMEngine:
                 paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_ids)
 
         return log_compile(compiled.warm_up_sizes(), compile_one)
+
+    def _prefix_caching(self) -> bool:
+        """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
+        prompt position (a KV producer, a proposer with its own KV cache or reading aux layers)."""
+        asked = self.config.enable_prefix_caching
+        needs = self.speculator.needs if self.speculator else None
+        reason = None
+        if self.config.kv_transfer is not None:
+            reason = "a KV transfer producer computes every prompt position"
+        elif needs is not None and (needs.kv_cache or needs.aux_layer_ids):
+            reason = (f"the {self.config.speculative.method} proposer builds its own KV / reads target layers "
+                      "from every prompt position")
+        if reason and asked:
+            logger.warning("draftwise: prefix caching is off: %s", reason)
+        elif reason is None and asked is not False:
+            logger.info("draftwise: prefix caching on")
+        return reason is None and asked is not False
 
     def _make_speculator(self, model) -> Speculator:
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,
@@ -191,6 +210,8 @@ class LLMEngine:
             for seq in plan.preempted:
                 spec.on_finished(seq)
         finished = self.output_processor.append(result)
+        for item in plan.scheduled:  # their full computed blocks become shareable
+            self.block_manager.cache_computed(item.seq)
         if spec:
             spec.propose(result)  # before finished sequences are released: their last rows still count
         for seq in finished:

@@ -119,4 +119,5 @@ class OutputProcessor:
             spec_num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=first.prompt_token_ids,
                              outputs=completions, finished=all(s.is_finished for s in seqs),
-                             metrics=metrics, kv_transfer_params=first.kv_transfer_params)
+                             metrics=metrics, kv_transfer_params=first.kv_transfer_params,
+                             num_cached_tokens=first.num_cached_tokens)

@@ -10,6 +10,8 @@ sequence cannot get a block, the most recently admitted running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue to
 be recomputed (prompt + output so far) later. Outputs do not change because
 sampling noise is keyed by (seed, position), not by a stateful generator.
+With prefix caching, a sequence admitted from scratch starts past the cached
+blocks of its longest cached prefix (``BlockManager.match_prefix``).
 """
 from __future__ import annotations
 
@@ -106,11 +108,21 @@ class Scheduler:
         return drafts
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting sequences while budget and blocks last; a sequence starting from scratch
+        first takes the cached blocks of its prompt's longest cached prefix (prefix caching)."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            fresh = seq.num_computed_tokens == 0
+            if fresh:
+                seq.num_computed_tokens = self.block_manager.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.ensure(seq, seq.num_computed_tokens + num_new):
+                if fresh:  # give the cached blocks back; they are looked up again next time
+                    self.block_manager.free(seq)
+                    seq.num_computed_tokens = 0
                 break
+            if fresh:
+                self.block_manager.record_lookup(seq, seq.num_computed_tokens)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

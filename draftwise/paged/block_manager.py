@@ -15,24 +15,35 @@ K/V of rejected positions stays in its slots and is overwritten later.
 
 ``scratch(name, num_tokens, num_slots)`` lends a throwaway sequence for
 start-up work (timing a step, compiling the forward) and frees its blocks.
+
+With prefix caching (``prefix_cache.py``) blocks are reference-counted:
+``match_prefix`` gives a new sequence the cached blocks of its prompt,
+``cache_computed`` publishes a sequence's full computed blocks, and a freed
+block keeps its cached content until ``ensure`` reuses it (free blocks are
+reused least recently freed first).
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
 
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
+from .prefix_cache import PrefixCache, block_keys
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         if num_blocks < 1:
             raise ValueError(f"the KV cache holds no block of {block_size} tokens: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self.ref_counts = [0] * num_blocks
+        self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
+        self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)
 
     @property
     def num_free_blocks(self) -> int:
@@ -50,17 +61,66 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_slots)
         if needed > self.num_free_blocks:
             return False
-        seq.block_ids.extend(self.free_block_ids.popleft() for _ in range(needed))
+        seq.block_ids.extend(self._allocate() for _ in range(needed))
         return True
 
     def trim(self, seq: Sequence, num_slots: int) -> None:
         keep = -(-num_slots // self.block_size)
         while len(seq.block_ids) > keep:
-            self.free_block_ids.append(seq.block_ids.pop())
+            self._release(seq.block_ids.pop())
 
     def free(self, seq: Sequence) -> None:
-        self.free_block_ids.extend(reversed(seq.block_ids))
+        for block_id in reversed(seq.block_ids):  # the tail first: the least likely to be shared
+            self._release(block_id)
         seq.block_ids = []
+        seq.block_keys = []
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a sequence that holds no block yet the cached blocks of its longest cached prefix
+        (full blocks of every token but the last, which must be computed); returns the tokens found."""
+        if self.prefix_cache is None or seq.block_ids:
+            return 0
+        keys = block_keys(seq.all_token_ids[:seq.num_tokens - 1], self.block_size)
+        blocks = self.prefix_cache.lookup(keys)
+        for block_id in blocks:
+            if self.ref_counts[block_id] == 0:
+                del self.free_block_ids[block_id]
+            self.ref_counts[block_id] += 1
+        seq.block_ids, seq.block_keys = list(blocks), keys[:len(blocks)]
+        return len(blocks) * self.block_size
+
+    def record_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
+        """Count an admitted sequence's lookup; its first admission sets ``num_cached_tokens``."""
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+        if seq.first_scheduled_time is None:
+            seq.num_cached_tokens = min(num_hit_tokens, seq.num_prompt_tokens)
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """Publish ``seq``'s full blocks whose positions are all computed and final."""
+        if self.prefix_cache is None:
+            return
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        done = len(seq.block_keys)
+        if num_full <= done:
+            return
+        parent = seq.block_keys[-1] if done else None
+        keys = block_keys(seq.all_token_ids[:num_full * self.block_size], self.block_size, parent, done)
+        for i, key in enumerate(keys, start=done):
+            self.prefix_cache.insert(key, seq.block_ids[i])
+        seq.block_keys.extend(keys)
+
+    def _allocate(self) -> int:
+        block_id, _ = self.free_block_ids.popitem(last=False)
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(block_id)
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self.free_block_ids[block_id] = None
 
     @contextmanager
     def scratch(self, name: str, num_tokens: int, num_slots: int) -> Iterator[Sequence | None]:
