@@ -177,3 +177,20 @@ def test_response_carries_request_spec_figures(client):
     spec = resp.model_extra["spec_decode"]
     assert spec["num_drafts"] > 0 and spec["num_draft_tokens"] >= spec["num_drafts"]
     assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_tokens"] / spec["num_drafts"])
+
+
+def test_shared_system_prompt_reports_cached_tokens(client, api_server):
+    """Chat requests sharing a system prompt: the second reads its prefix from the cache, says so in
+    ``usage.prompt_tokens_details.cached_tokens``, and ``/metrics`` counts the lookups and hits."""
+    system = {"role": "system", "content": "You answer in one short sentence and never guess. " * 4}
+    before = scrape(api_server)
+    usages = [client.chat.completions.create(model=SERVED_NAME, max_tokens=4, temperature=0,
+                                             messages=[system, {"role": "user", "content": q}]).usage
+              for q in ("Hello there", "Name a colour")]
+    assert usages[0].prompt_tokens_details.cached_tokens % 16 == 0
+    assert usages[1].prompt_tokens_details.cached_tokens >= 48
+    after = wait_idle(api_server)
+    queries = after["draftwise:prefix_cache_queries_total"] - before.get("draftwise:prefix_cache_queries_total", 0)
+    hits = after["draftwise:prefix_cache_hits_total"] - before.get("draftwise:prefix_cache_hits_total", 0)
+    assert queries == sum(u.prompt_tokens for u in usages)
+    assert hits == sum(u.prompt_tokens_details.cached_tokens for u in usages)

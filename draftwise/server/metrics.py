@@ -23,6 +23,7 @@ logger = logging.getLogger("draftwise")
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                     2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+_PREFIX_COUNTERS = ("queries", "hits")  # BlockManager.prefix_cache_queries / prefix_cache_hits
 
 
 class ServerMetrics:
@@ -49,6 +50,9 @@ class ServerMetrics:
                                    **reg) for name in _SPEC_COUNTERS}
         self.spec_per_pos = Counter("draftwise:spec_decode_num_accepted_tokens_per_pos",
                                     "Accepted draft tokens by draft position", labels + ["position"], **reg)
+        self.prefix_cache = {name: Counter(f"draftwise:prefix_cache_{name}", f"Prefix cache {name}, in tokens",
+                                           labels, **reg) for name in _PREFIX_COUNTERS}
+        self._prefix_seen = {name: 0 for name in _PREFIX_COUNTERS}
         self._spec_seen = {name: 0 for name in _SPEC_COUNTERS}
         self._per_pos_seen: list[int] = []
         self._requests: dict[str, list] = {}  # request_id -> [arrival, last token time, tokens seen]
@@ -106,6 +110,11 @@ class ServerMetrics:
         self.running.labels(**self._label).set(num_running)
         self.waiting.labels(**self._label).set(num_waiting)
         self.kv_usage.labels(**self._label).set(engine.block_manager.usage)
+        for name in _PREFIX_COUNTERS:
+            value = getattr(engine.block_manager, f"prefix_cache_{name}")
+            if value > self._prefix_seen[name]:
+                self.prefix_cache[name].labels(**self._label).inc(value - self._prefix_seen[name])
+                self._prefix_seen[name] = value
         self._record_spec(engine.get_metrics())
         self._log.maybe_log(num_running, num_waiting, engine)
 
@@ -140,10 +149,12 @@ class _ThroughputLog:
         if elapsed < self.interval_s:
             return
         if self.prompt_tokens or self.generation_tokens or num_running or num_waiting:
+            blocks = engine.block_manager
+            hit_rate = 100 * blocks.prefix_cache_hits / max(1, blocks.prefix_cache_queries)
             logger.info("draftwise: avg prompt throughput %.1f tokens/s, avg generation throughput %.1f "
-                        "tokens/s, running %d reqs, waiting %d reqs, KV cache usage %.1f%%",
-                        self.prompt_tokens / elapsed, self.generation_tokens / elapsed, num_running,
-                        num_waiting, 100 * engine.block_manager.usage)
+                        "tokens/s, running %d reqs, waiting %d reqs, KV cache usage %.1f%%, prefix cache hit "
+                        "rate %.1f%%", self.prompt_tokens / elapsed, self.generation_tokens / elapsed, num_running,
+                        num_waiting, 100 * blocks.usage, hit_rate)
             if engine.speculator:
                 engine.speculator.flush_log()  # the acceptance figures of the same interval
         self.prompt_tokens = self.generation_tokens = 0

@@ -19,7 +19,7 @@ from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .async_engine import AsyncEngine, RequestHandle
 from .errors import APIError
-from .protocol import SpecDecodeInfo, UsageInfo, _SamplingRequest
+from .protocol import PromptTokensDetails, SpecDecodeInfo, UsageInfo, _SamplingRequest
 
 
 class OpenAIServing:
@@ -104,7 +104,9 @@ class OpenAIServing:
     def usage(outputs: list[RequestOutput]) -> UsageInfo:
         prompt = sum(len(o.prompt_token_ids) for o in outputs)
         completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached = PromptTokensDetails(cached_tokens=sum(o.num_cached_tokens for o in outputs))
+        return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                         prompt_tokens_details=cached)
 
     @staticmethod
     def spec_info(outputs: list[RequestOutput]) -> SpecDecodeInfo | None:
