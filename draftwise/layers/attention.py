@@ -13,7 +13,9 @@ Position ``p`` of sequence ``i`` lives in cache slot
 step (a prefill chunk, one decode token, or a decode token plus drafts to
 verify). Causality and sliding windows are expressed in the boolean masks, so
 several query tokens per sequence (chunked prefill, speculative verification)
-need nothing special.
+need nothing special. The masks and the query padding (``SdpaIndex``) are built
+on the SDPA path's first use in a step, so a step on the paged kernel builds
+only the slot mapping and the block table.
 
 Long queries (``max_query_len >= PER_SEQUENCE_MIN_QUERY``: prefill chunks) are
 attended sequence by sequence instead, each over its own context only: padding
@@ -36,7 +38,7 @@ drafts) there is no padding and no ``query_index``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -48,13 +50,18 @@ PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows 
 
 
 @dataclass
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [num_tokens] cache slot for each new token's K/V
-    block_table: torch.Tensor  # [num_seqs, ceil(max_context_len / block_size)] block ids, pad 0
+class SdpaIndex:
+    """What only the SDPA path reads: built on its first use in a step, never for the paged kernel."""
     query_index: torch.Tensor | None  # [num_seqs, max_query_len]; None when all query_lens are equal
     query_unpad_index: torch.Tensor | None  # [num_tokens] rows of the padded [num_seqs*max_q] output
     mask: torch.Tensor | None  # [num_seqs, 1, max_query_len, max_context_len] True = attend
     sliding_mask: torch.Tensor | None  # same, also limited to the sliding window
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot for each new token's K/V
+    block_table: torch.Tensor  # [num_seqs, ceil(max_context_len / block_size)] block ids, pad 0
     max_query_len: int = 1
     max_context_len: int = 1
     block_size: int = 16
@@ -67,28 +74,57 @@ class AttentionMetadata:
     sliding_window: int | None = None
     cu_query_lens: torch.Tensor | None = None  # [num_seqs + 1]; set: run the paged CPU kernel
     seq_lens: torch.Tensor | None = None  # [num_seqs] context lengths, with cu_query_lens
+    _sdpa: SdpaIndex | None = field(default=None, init=False, repr=False, compare=False)
+
+    def sdpa_index(self) -> SdpaIndex:
+        if self._sdpa is None:
+            self._sdpa = _sdpa_index(self.query_lens, self.context_lens, self.causal, self.sliding_window,
+                                     self.block_table.device)
+        return self._sdpa
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
                    query_lens: list[int], context_lens: list[int], block_size: int,
                    sliding_window: int | None, device: torch.device, causal: bool = True) -> AttentionMetadata:
-    """Flatten the scheduled batch into the index tensors every layer shares.
+    """Flatten the scheduled batch into what every layer shares: the new tokens' cache slots and
+    the block table (the masks and query padding of the SDPA path come later, if it runs).
 
     ``causal=False`` lets every query see its sequence's whole context, the other queries
     of its block included (DFlash drafts a block non-causally)."""
     max_q, max_ctx = max(query_lens), max(context_lens)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
+    # Queries are the last query_len positions of each context.
+    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)  # [num_tokens]
+    first_row = torch.cumsum(q_lens, 0) - q_lens
+    if max_q == 1:  # one token per sequence: the last position of each context
+        token_pos = ctx_lens - 1  # [num_tokens]
+    else:
+        token_pos = (ctx_lens - q_lens - first_row)[seq_of_token] + torch.arange(len(seq_of_token))
+    slot_mapping = block_tables[seq_of_token, token_pos // block_size] * block_size + token_pos % block_size
+    num_ctx_blocks = -(-max_ctx // block_size)
+    table = block_tables[:, :num_ctx_blocks].clamp_min(0)
+    first = table[0, 0].item() if len(context_lens) == 1 else None
+    contiguous = first is not None and bool((table[0] == first + torch.arange(num_ctx_blocks)).all())
+    per_seq = causal and max_q >= PER_SEQUENCE_MIN_QUERY
+    return AttentionMetadata(slot_mapping=slot_mapping.to(device), block_table=table.to(device), max_query_len=max_q,
+                             max_context_len=max_ctx, block_size=block_size,
+                             contiguous_start=first * block_size if contiguous else None,
+                             query_lens=list(query_lens), context_lens=list(context_lens), per_sequence=per_seq,
+                             causal=causal, sliding_window=sliding_window)
+
+
+def _sdpa_index(query_lens: list[int], context_lens: list[int], causal: bool, sliding_window: int | None,
+                device: torch.device) -> SdpaIndex:
+    """Query padding to ``[num_seqs, max_q]`` (ragged queries) and the boolean masks."""
+    max_q, max_ctx = max(query_lens), max(context_lens)
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
     key_pos = torch.arange(max_ctx, dtype=torch.int64)  # [max_ctx]
     key_valid = key_pos[None, :] < ctx_lens[:, None]  # [num_seqs, max_ctx]
-    blocks = block_tables[:, key_pos // block_size].clamp_min(0)  # [num_seqs, max_ctx]
-    context_slots = torch.where(key_valid, blocks * block_size + key_pos % block_size, 0)
-    # Queries are the last query_len positions of each context; pads repeat the last one.
     q_offset = torch.arange(max_q, dtype=torch.int64)
-    q_valid = q_offset[None, :] < q_lens[:, None]  # [num_seqs, max_q]
-    query_pos = torch.where(q_valid, (ctx_lens - q_lens)[:, None] + q_offset[None, :],
-                            (ctx_lens - 1)[:, None])
-    slot_mapping = torch.gather(context_slots, 1, query_pos)[q_valid]  # [num_tokens]
+    q_valid = q_offset[None, :] < q_lens[:, None]  # [num_seqs, max_q]; pads repeat the last query
+    query_pos = torch.where(q_valid, (ctx_lens - q_lens)[:, None] + q_offset[None, :], (ctx_lens - 1)[:, None])
     query_index = query_unpad_index = None
     if min(query_lens) != max_q:  # ragged queries: pad to [num_seqs, max_q] and back
         cu_q = torch.cumsum(q_lens, 0) - q_lens
@@ -96,19 +132,8 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
         query_unpad_index = torch.arange(q_valid.numel()).view_as(q_valid)[q_valid]
     mask, sliding_mask = _masks(key_pos, key_valid, query_pos if causal else None, sliding_window,
                                 need_mask=max_q > 1 or min(context_lens) != max_ctx)
-    num_ctx_blocks = -(-max_ctx // block_size)
-    table = block_tables[:, :num_ctx_blocks].clamp_min(0)
-    first = table[0, 0].item() if len(context_lens) == 1 else None
-    contiguous = first is not None and bool((table[0] == first + torch.arange(num_ctx_blocks)).all())
     to_dev = lambda t: None if t is None else t.to(device)  # noqa: E731
-    per_seq = causal and max_q >= PER_SEQUENCE_MIN_QUERY
-    return AttentionMetadata(slot_mapping=to_dev(slot_mapping), block_table=to_dev(table),
-                             query_index=to_dev(query_index), query_unpad_index=to_dev(query_unpad_index),
-                             mask=to_dev(mask), sliding_mask=to_dev(sliding_mask), max_query_len=max_q,
-                             max_context_len=max_ctx, block_size=block_size,
-                             contiguous_start=first * block_size if contiguous else None,
-                             query_lens=list(query_lens), context_lens=list(context_lens), per_sequence=per_seq,
-                             causal=causal, sliding_window=sliding_window)
+    return SdpaIndex(to_dev(query_index), to_dev(query_unpad_index), to_dev(mask), to_dev(sliding_mask))
 
 
 def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
@@ -154,29 +179,30 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                                                       meta.seq_lens, meta.block_size, scale, window)
         return out.view(q.shape[0], -1)
     keys, values = _context(kv_cache, meta).transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
+    index = meta.sdpa_index()
     if meta.per_sequence:
-        return _per_sequence(q, keys, values, meta, scale, sliding)
-    if meta.query_index is None:  # every sequence has max_query_len queries: a view, no gather
+        return _per_sequence(q, keys, values, meta, index, scale, sliding)
+    if index.query_index is None:  # every sequence has max_query_len queries: a view, no gather
         queries = q.view(-1, meta.max_query_len, *q.shape[1:]).transpose(1, 2)  # [num_seqs, heads, max_q, d]
     else:
-        queries = q[meta.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
-    mask = meta.sliding_mask if sliding else meta.mask
+        queries = q[index.query_index].transpose(1, 2)  # [num_seqs, num_heads, max_q, head_dim]
+    mask = index.sliding_mask if sliding else index.mask
     out = _sdpa(queries, keys, values, mask, scale, meta.compute_dtype)
     num_seqs, num_heads, max_q, head_dim = out.shape
     out = out.transpose(1, 2).reshape(num_seqs * max_q, num_heads * head_dim).to(q.dtype)
-    if meta.query_unpad_index is not None:
-        out = out[meta.query_unpad_index]
+    if index.query_unpad_index is not None:
+        out = out[index.query_unpad_index]
     return out
 
 
 def _per_sequence(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                   keys: torch.Tensor, values: torch.Tensor,  # [num_seqs, kv_heads, max_ctx, head_dim]
-                  meta: AttentionMetadata, scale: float,
+                  meta: AttentionMetadata, index: SdpaIndex, scale: float,
                   sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     """Each sequence's queries over its own context; causal kernel where the queries are the context."""
     outputs, start = [], 0
-    full_mask = meta.sliding_mask if sliding else meta.mask
-    windowed = sliding and meta.sliding_mask is not None  # the window needs the explicit mask
+    full_mask = index.sliding_mask if sliding else index.mask
+    windowed = sliding and index.sliding_mask is not None  # the window needs the explicit mask
     for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
         queries = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
         start += q_len

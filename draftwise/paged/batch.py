@@ -31,9 +31,8 @@ def prepare_batch(batch: list[ForwardInput], block_size: int, sliding_window: in
         positions.extend(range(item.start, item.start + len(item.token_ids)))
         cu.append(len(input_ids))
     width = max(len(item.block_ids) for item in batch)
-    table = torch.full((len(batch), width), -1, dtype=torch.int64)
-    for i, item in enumerate(batch):
-        table[i, :len(item.block_ids)] = torch.tensor(item.block_ids, dtype=torch.int64)
+    table = torch.tensor([item.block_ids + [-1] * (width - len(item.block_ids)) for item in batch],
+                         dtype=torch.int64)  # [num_seqs, width], one conversion for the whole batch
     meta = build_metadata(table, [len(b.token_ids) for b in batch], [b.start + len(b.token_ids) for b in batch],
                           block_size, sliding_window, device, causal)
     ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
