@@ -15,8 +15,11 @@ So the plan is measured on the machine at start-up (``kernel_choice.py``);
 until then (and for modules nobody measured) ``DEFAULT_PLANS`` applies.
 ``pack_linears`` swaps every ``nn.Linear`` of a model for a ``PackedLinear``
 when it applies (CPU, bf16 or fp32, oneDNN available); elsewhere the model is
-left as is. In a compiled forward a ``PackedLinear`` is a plain ``F.linear``
-that inductor's weight freezing packs (``compilation/compiled_forward.py``).
+left as is. In a compiled forward a ``PackedLinear`` is the opaque
+``draftwise::packed_linear`` op on its prepacked weight (the ``packed`` kernel
+at every row count): inductor fuses what lies between the linears and needs
+no weight freezing, which would also keep its compiled graphs out of the
+on-disk cache (``compilation/compiled_forward.py``).
 """
 from __future__ import annotations
 
@@ -67,8 +70,8 @@ class PackedLinear(nn.Module):
         self._cap = len(self._by_rows) - 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
-        if torch.compiler.is_compiling():  # inductor freezes and packs the weight itself
-            return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            return torch.ops.draftwise.packed_linear(x, self.packed, self.bias)
         return self.run(self._by_rows[min(x.shape[0], self._cap)], x)
 
     def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
@@ -78,6 +81,19 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         out = torch.mv(self.weight, x[0]).unsqueeze(0) if kernel == "mv" else x @ self.weight_t
         return out if self.bias is None else out + self.bias
+
+
+@torch.library.custom_op("draftwise::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor,  # [num_rows, in_features]
+                  packed: torch.Tensor,  # oneDNN-reordered [out_features, in_features]
+                  bias: torch.Tensor | None) -> torch.Tensor:  # [num_rows, out_features]
+    """A ``PackedLinear``'s ``packed`` kernel as one op a compiled graph calls as is."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x, packed, bias):
+    return x.new_empty(x.shape[0], packed.shape[0])
 
 
 def pack_linears(model: nn.Module) -> None:
