@@ -36,6 +36,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
+        self.block_table_row: int | None = None  # its row of the BlockManager's BlockTable
         self.block_keys: list[int] = []  # prefix-cache keys of the leading full computed blocks
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
         self.status = SequenceStatus.WAITING

@@ -74,7 +74,8 @@ class LLMEngine:
         self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
                                            self.prefix_caching)
         num_blocks = self.block_manager.num_blocks
-        paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device)
+        paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
+                           self.block_manager.block_table)
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = self._compile(paged, max_batched)

@@ -50,7 +50,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], needs: ProposerNeeds | None = None) -> StepResult:
         batch = [ForwardInput(s.seq.all_token_ids[s.seq.num_computed_tokens:][:s.num_new_tokens]
-                              + s.spec_token_ids, s.seq.num_computed_tokens, s.seq.block_ids)
+                              + s.spec_token_ids, s.seq.num_computed_tokens, s.seq.block_ids, s.seq.block_table_row)
                  for s in scheduled]
         aux_ids = needs.aux_layer_ids if needs else ()
         hidden, aux, cu = self.paged.forward(batch, aux_ids)

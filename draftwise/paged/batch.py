@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..layers.attention import AttentionMetadata, build_metadata
+from .block_table import BlockTable
 
 
 @dataclass
@@ -19,20 +20,25 @@ class ForwardInput:
     token_ids: list[int]
     start: int  # position of token_ids[0]
     block_ids: list[int]
+    table_row: int | None = None  # the sequence's row of a BlockTable holding block_ids, if any
 
 
 def prepare_batch(batch: list[ForwardInput], block_size: int, sliding_window: int | None,
-                  device: torch.device, causal: bool = True
+                  device: torch.device, causal: bool = True, block_table: BlockTable | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
-    """Flatten a ragged batch: (input ids [num_tokens], positions [num_tokens], metadata, cu_num_tokens)."""
+    """Flatten a ragged batch: (input ids [num_tokens], positions [num_tokens], metadata, cu_num_tokens).
+    With ``block_table`` (and a row for every item) the block table is gathered from it."""
     input_ids, positions, cu = [], [], [0]
     for item in batch:
         input_ids.extend(item.token_ids)
         positions.extend(range(item.start, item.start + len(item.token_ids)))
         cu.append(len(input_ids))
     width = max(len(item.block_ids) for item in batch)
-    table = torch.tensor([item.block_ids + [-1] * (width - len(item.block_ids)) for item in batch],
-                         dtype=torch.int64)  # [num_seqs, width], one conversion for the whole batch
+    if block_table is not None and all(item.table_row is not None for item in batch):
+        table = block_table.rows([item.table_row for item in batch], width)  # [num_seqs, width]
+    else:
+        table = torch.tensor([item.block_ids + [-1] * (width - len(item.block_ids)) for item in batch],
+                             dtype=torch.int64)  # [num_seqs, width]
     meta = build_metadata(table, [len(b.token_ids) for b in batch], [b.start + len(b.token_ids) for b in batch],
                           block_size, sliding_window, device, causal)
     ids = torch.tensor(input_ids, dtype=torch.int64, device=device)

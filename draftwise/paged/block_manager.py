@@ -30,6 +30,7 @@ from typing import Iterator
 
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
+from .block_table import BlockTable
 from .prefix_cache import PrefixCache, block_keys
 
 
@@ -41,6 +42,7 @@ class BlockManager:
         self.block_size = block_size
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
         self.ref_counts = [0] * num_blocks
+        self.block_table = BlockTable()  # every sequence's block ids, as one tensor
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)
@@ -61,19 +63,24 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_slots)
         if needed > self.num_free_blocks:
             return False
-        seq.block_ids.extend(self._allocate() for _ in range(needed))
+        if needed:
+            seq.block_ids.extend(self._allocate() for _ in range(needed))
+            self.block_table.sync(seq)
         return True
 
     def trim(self, seq: Sequence, num_slots: int) -> None:
         keep = -(-num_slots // self.block_size)
-        while len(seq.block_ids) > keep:
-            self._release(seq.block_ids.pop())
+        if len(seq.block_ids) > keep:
+            while len(seq.block_ids) > keep:
+                self._release(seq.block_ids.pop())
+            self.block_table.sync(seq)
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_ids):  # the tail first: the least likely to be shared
             self._release(block_id)
         seq.block_ids = []
         seq.block_keys = []
+        self.block_table.release(seq)
 
     def match_prefix(self, seq: Sequence) -> int:
         """Give a sequence that holds no block yet the cached blocks of its longest cached prefix
@@ -87,6 +94,7 @@ class BlockManager:
                 del self.free_block_ids[block_id]
             self.ref_counts[block_id] += 1
         seq.block_ids, seq.block_keys = list(blocks), keys[:len(blocks)]
+        self.block_table.sync(seq)
         return len(blocks) * self.block_size
 
     def record_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:

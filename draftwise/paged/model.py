@@ -15,16 +15,18 @@ import torch
 
 from ..layers.forward_context import forward_context
 from .batch import ForwardInput, prepare_batch
+from .block_table import BlockTable
 from .kv_pool import KVCacheSpec
 
 
 class PagedModel:
     def __init__(self, model, kv_cache: torch.Tensor,  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
-                 block_size: int, device: torch.device):
+                 block_size: int, device: torch.device, block_table: BlockTable | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.device = device
+        self.block_table = block_table  # the block manager's, where the batch's rows come from
         self.sliding_window = model.sliding_window if model.uses_sliding_window else None
         self.run = model  # (input_ids, positions, aux_layer_ids) -> (hidden, aux); see run_with
 
@@ -40,7 +42,8 @@ class PagedModel:
     def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         """(hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens [len(batch) + 1])."""
-        ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device)
+        ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device,
+                                           block_table=self.block_table)
         with forward_context(self.model.attention_metadata(meta), self.kv_cache):
             hidden, aux = self.run(ids, pos, aux_layer_ids)
         return hidden, aux, cu
