@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
+
 CANDIDATES = {torch.bfloat16: ("packed", "linear", "mv"), torch.float32: ("matmul_t", "packed")}
 DEFAULT_PLANS = {torch.bfloat16: {1: "mv", 2: "packed"}, torch.float32: {2: "matmul_t", 3: "packed"}}
 
@@ -59,6 +61,9 @@ class PackedLinear(nn.Module):
         else:
             self.weight = weight.contiguous()
         self.set_plan(DEFAULT_PLANS[self.dtype])
+        # Inside a compiled graph: the C++ op where it built (no Python call per linear), else ours below.
+        self._compiled_op = (torch.ops.draftwise_cpu.packed_linear if native.load()
+                             else torch.ops.draftwise.packed_linear)
 
     def set_plan(self, plan: dict[int, str]) -> None:
         """``plan``: row bucket -> kernel name (one of ``CANDIDATES[dtype]``)."""
@@ -71,7 +76,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]
         if torch.compiler.is_compiling():
-            return torch.ops.draftwise.packed_linear(x, self.packed, self.bias)
+            return self._compiled_op(x, self.packed, self.bias)
         return self.run(self._by_rows[min(x.shape[0], self._cap)], x)
 
     def run(self, kernel: str, x: torch.Tensor) -> torch.Tensor:  # [num_rows, in] -> [num_rows, out]

@@ -1,7 +1,8 @@
 """Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
 
 The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over the
-paged cache, ``layers/attention.py``) and ``draftwise_cpu::rms_norm`` (``layers/common.py``).
+paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``) and
+``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``).
 ``load()`` compiles ``csrc/cpu_kernels.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
@@ -43,7 +44,12 @@ def load() -> bool:
     if not library.exists() and not _build(compiler, library):
         return False
     torch.ops.load_library(str(library))
+    torch.library.register_fake("draftwise_cpu::packed_linear")(_packed_linear_fake)
     return True
+
+
+def _packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], packed.shape[0])  # [num_rows, out_features]
 
 
 def build_key() -> str:
