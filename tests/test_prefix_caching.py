@@ -21,6 +21,18 @@ PROMPTS = [SYSTEM + q for q in ("Hello", "The quick brown fox", "def fibonacci(n
 PARAMS = [greedy(n, ignore_eos=True) for n in (20, 33, 12, 20, 40, 16)]
 
 
+def _record_writes(paged) -> set[int]:
+    """The block ids that ``paged``'s forwards write K/V into from now on (filled as they run)."""
+    written, forward = set(), paged.forward
+
+    def recording(batch, *args, **kwargs):
+        for item in batch:
+            written.update(item.block_ids[p // BLOCK] for p in range(item.start, item.start + len(item.token_ids)))
+        return forward(batch, *args, **kwargs)
+    paged.forward = recording
+    return written
+
+
 def _llm(model_dir, caching, **kwargs):
     return LLM(model=str(model_dir), dtype="float32", seed=0, enable_prefix_caching=caching, **kwargs)
 
@@ -81,8 +93,10 @@ def test_cached_blocks_are_never_written(tiny_model_dir):
     blocks = list(engine.block_manager.prefix_cache._key_of)
     slots = torch.tensor([b * BLOCK + i for b in blocks for i in range(BLOCK)])
     before = cache[:, :, slots].clone()
+    written = _record_writes(engine.runner.paged)
     outs = llm.generate([PROMPTS[0], PROMPTS[0] + " again", PROMPTS[3]], greedy(40, ignore_eos=True),
                         use_tqdm=False)
+    assert written and not written & set(blocks)
     assert all(o.num_cached_tokens > 0 for o in outs)
     assert engine.get_metrics()["spec_decode_num_drafts"] > 0
     assert torch.equal(cache[:, :, slots], before)
@@ -105,7 +119,7 @@ def test_every_method_with_caching_equals_plain(method, tiny_model_dir, spec_dir
     config = spec_configs(spec_dirs)[method]
     llm = _llm(tiny_model_dir, None, speculative_config=config)
     needs = llm.llm_engine.speculator.needs
-    assert llm.llm_engine.prefix_caching == (not needs.kv_cache and not needs.aux_layer_ids)
+    assert llm.llm_engine.prefix_caching == (not needs.aux_layer_ids and not (needs.kv_cache and needs.hidden_states))
     first, together = _twice(llm, PROMPTS, PARAMS)
     assert [o.outputs[0].token_ids for o in first + together] == \
         [o.outputs[0].token_ids for o in uncached[0] + uncached[1]]
@@ -131,3 +145,27 @@ def test_flags_and_validation():
     assert parse("--no-enable-prefix-caching")["enable_prefix_caching"] is False
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         LLM(model="unused", enable_prefix_caching="yes")
+
+
+def test_a_draft_model_shares_its_kv_with_the_cached_blocks(tiny_model_dir, spec_dirs):
+    """``draft_model`` keeps K/V in the same blocks: they are shared too (its drafter skips the
+    cached positions), stay unwritten, and the drafts accepted equal those of an uncached engine."""
+    config = spec_configs(spec_dirs)["draft_model"]
+    results = {}
+    for caching in (False, True):
+        llm = _llm(tiny_model_dir, caching, speculative_config=config)
+        first = llm.generate(PROMPTS[0], greedy(30, ignore_eos=True), use_tqdm=False)[0]
+        engine = llm.llm_engine
+        drafter = engine.speculator.proposer.paged.kv_cache  # [layers, 2, slots, kv_heads, head_dim]
+        blocks = list(engine.block_manager.prefix_cache._key_of) if caching else []
+        slots = torch.tensor([b * BLOCK + i for b in blocks for i in range(BLOCK)], dtype=torch.int64)
+        before = drafter[:, :, slots].clone()
+        writes = [_record_writes(engine.speculator.proposer.paged), _record_writes(engine.runner.paged)]
+        outs = llm.generate([PROMPTS[0], PROMPTS[3]], greedy(30, ignore_eos=True), use_tqdm=False)
+        assert torch.equal(drafter[:, :, slots], before) and not set().union(*writes) & set(blocks)
+        assert all(writes)  # both models ran
+        results[caching] = ([o.outputs[0].token_ids for o in [first, *outs]], [o.num_cached_tokens for o in outs],
+                            engine.get_metrics()["spec_decode_num_accepted_tokens"])
+    assert results[True][0] == results[False][0]
+    assert min(results[True][1]) > 0 and results[False][1] == [0, 0]
+    assert results[True][2] == results[False][2]

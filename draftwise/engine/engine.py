@@ -71,8 +71,9 @@ class LLMEngine:
         if self.speculator:
             self.speculator.add_kv(pool)
         self.prefix_caching = self._prefix_caching()
+        drafter_kv = bool(self.speculator and self.speculator.needs.kv_cache)
         self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
-                                           self.prefix_caching)
+                                           self.prefix_caching, drafter_kv)
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
                            self.block_manager.block_table)
@@ -120,15 +121,17 @@ class LLMEngine:
 
     def _prefix_caching(self) -> bool:
         """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
-        prompt position (a KV producer, a proposer with its own KV cache or reading aux layers)."""
+        prompt position: a KV producer, a proposer reading aux layers, or one building its own KV
+        from the target's hidden states (a drafter's KV built from token ids, ``draft_model``'s, is
+        shared along with the target's)."""
         asked = self.config.enable_prefix_caching
         needs = self.speculator.needs if self.speculator else None
         reason = None
         if self.config.kv_transfer is not None:
             reason = "a KV transfer producer computes every prompt position"
-        elif needs is not None and (needs.kv_cache or needs.aux_layer_ids):
-            reason = (f"the {self.config.speculative.method} proposer builds its own KV / reads target layers "
-                      "from every prompt position")
+        elif needs is not None and (needs.aux_layer_ids or needs.kv_cache and needs.hidden_states):
+            reason = (f"the {self.config.speculative.method} proposer reads the target's hidden states at "
+                      "every prompt position")
         if reason and asked:
             logger.warning("draftwise: prefix caching is off: %s", reason)
         elif reason is None and asked is not False:

@@ -35,7 +35,8 @@ from .prefix_cache import PrefixCache, block_keys
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 drafter_kv: bool = False):
         if num_blocks < 1:
             raise ValueError(f"the KV cache holds no block of {block_size} tokens: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
@@ -44,6 +45,7 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_table = BlockTable()  # every sequence's block ids, as one tensor
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
+        self.drafter_kv = drafter_kv  # a drafter keeps K/V in the same blocks: share what it computed too
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)
 
@@ -95,6 +97,8 @@ class BlockManager:
             self.ref_counts[block_id] += 1
         seq.block_ids, seq.block_keys = list(blocks), keys[:len(blocks)]
         self.block_table.sync(seq)
+        if self.drafter_kv:  # the drafter's K/V of those blocks came along
+            seq.drafter_num_computed_tokens = len(blocks) * self.block_size
         return len(blocks) * self.block_size
 
     def record_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
@@ -105,10 +109,14 @@ class BlockManager:
             seq.num_cached_tokens = min(num_hit_tokens, seq.num_prompt_tokens)
 
     def cache_computed(self, seq: Sequence) -> None:
-        """Publish ``seq``'s full blocks whose positions are all computed and final."""
+        """Publish ``seq``'s full blocks whose positions are all computed and final (by the drafter
+        too, when it keeps K/V in the blocks)."""
         if self.prefix_cache is None:
             return
-        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        computed = min(seq.num_computed_tokens, seq.num_tokens)
+        if self.drafter_kv:
+            computed = min(computed, seq.drafter_num_computed_tokens)
+        num_full = computed // self.block_size
         done = len(seq.block_keys)
         if num_full <= done:
             return
