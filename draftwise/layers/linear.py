@@ -96,9 +96,7 @@ def packed_linear(x: torch.Tensor,  # [num_rows, in_features]
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-@packed_linear.register_fake
-def _(x, packed, bias):
-    return x.new_empty(x.shape[0], packed.shape[0])
+packed_linear.register_fake(native.packed_linear_fake)
 
 
 def pack_linears(model: nn.Module) -> None:

@@ -44,11 +44,12 @@ def load() -> bool:
     if not library.exists() and not _build(compiler, library):
         return False
     torch.ops.load_library(str(library))
-    torch.library.register_fake("draftwise_cpu::packed_linear")(_packed_linear_fake)
+    torch.library.register_fake("draftwise_cpu::packed_linear")(packed_linear_fake)
     return True
 
 
-def _packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The output shape of both packed-linear ops (this library's and ``linear.py``'s fallback)."""
     return x.new_empty(x.shape[0], packed.shape[0])  # [num_rows, out_features]
 
 
