@@ -111,10 +111,8 @@ class ServerMetrics:
         self.waiting.labels(**self._label).set(num_waiting)
         self.kv_usage.labels(**self._label).set(engine.block_manager.usage)
         for name in _PREFIX_COUNTERS:
-            value = getattr(engine.block_manager, f"prefix_cache_{name}")
-            if value > self._prefix_seen[name]:
-                self.prefix_cache[name].labels(**self._label).inc(value - self._prefix_seen[name])
-                self._prefix_seen[name] = value
+            self._raise_to(self.prefix_cache[name], self._prefix_seen, name,
+                           getattr(engine.block_manager, f"prefix_cache_{name}"))
         self._record_spec(engine.get_metrics())
         self._log.maybe_log(num_running, num_waiting, engine)
 
@@ -122,16 +120,17 @@ class ServerMetrics:
         if not stats:
             return
         for name in _SPEC_COUNTERS:
-            value = stats[f"spec_decode_{name}"]
-            if value > self._spec_seen[name]:
-                self.spec[name].labels(**self._label).inc(value - self._spec_seen[name])
-                self._spec_seen[name] = value
+            self._raise_to(self.spec[name], self._spec_seen, name, stats[f"spec_decode_{name}"])
         per_pos = stats["spec_decode_num_accepted_tokens_per_pos"]
         self._per_pos_seen += [0] * (len(per_pos) - len(self._per_pos_seen))
         for pos, value in enumerate(per_pos):
-            if value > self._per_pos_seen[pos]:
-                self.spec_per_pos.labels(position=str(pos), **self._label).inc(value - self._per_pos_seen[pos])
-                self._per_pos_seen[pos] = value
+            self._raise_to(self.spec_per_pos, self._per_pos_seen, pos, value, position=str(pos))
+
+    def _raise_to(self, counter: Counter, seen, key, total: int, **labels) -> None:
+        """Bring ``counter`` up to the engine's running ``total``; ``seen[key]`` is what it counted so far."""
+        if total > seen[key]:
+            counter.labels(**labels, **self._label).inc(total - seen[key])
+            seen[key] = total
 
 
 class _ThroughputLog:
