@@ -34,7 +34,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                         help="share the KV of common prompt prefixes between requests (default: on)")
     parser.add_argument("--async-scheduling", action="store_true",
-                        help="run each forward on a worker thread while the previous step's outputs are built")
+                        help="build the previous step's outputs on a worker thread while each forward runs")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
