@@ -95,11 +95,11 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
     # Queries are the last query_len positions of each context.
-    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)  # [num_tokens]
-    first_row = torch.cumsum(q_lens, 0) - q_lens
     if max_q == 1:  # one token per sequence: the last position of each context
-        token_pos = ctx_lens - 1  # [num_tokens]
+        seq_of_token, token_pos = torch.arange(len(query_lens)), ctx_lens - 1  # [num_tokens]
     else:
+        seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)  # [num_tokens]
+        first_row = torch.cumsum(q_lens, 0) - q_lens
         token_pos = (ctx_lens - q_lens - first_row)[seq_of_token] + torch.arange(len(seq_of_token))
     slot_mapping = block_tables[seq_of_token, token_pos // block_size] * block_size + token_pos % block_size
     num_ctx_blocks = -(-max_ctx // block_size)

@@ -72,10 +72,11 @@ class BlockManager:
 
     def trim(self, seq: Sequence, num_slots: int) -> None:
         keep = -(-num_slots // self.block_size)
-        if len(seq.block_ids) > keep:
-            while len(seq.block_ids) > keep:
-                self._release(seq.block_ids.pop())
-            self.block_table.sync(seq)
+        if len(seq.block_ids) <= keep:
+            return
+        while len(seq.block_ids) > keep:
+            self._release(seq.block_ids.pop())
+        self.block_table.sync(seq)
 
     def free(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_ids):  # the tail first: the least likely to be shared
@@ -95,7 +96,7 @@ class BlockManager:
             if self.ref_counts[block_id] == 0:
                 del self.free_block_ids[block_id]
             self.ref_counts[block_id] += 1
-        seq.block_ids, seq.block_keys = list(blocks), keys[:len(blocks)]
+        seq.block_ids, seq.block_keys = blocks, keys[:len(blocks)]
         self.block_table.sync(seq)
         if self.drafter_kv:  # the drafter's K/V of those blocks came along
             seq.drafter_num_computed_tokens = len(blocks) * self.block_size
