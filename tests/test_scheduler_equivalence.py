@@ -7,6 +7,8 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
+from draftwise.engine.scheduler import MIN_PREFILL_CHUNK, STALL_FACTOR
+from draftwise.engine.step_cost import StepCostModel
 
 # Different lengths so that requests finish at different steps; PROMPTS[3] is the EOS
 # prompt of the fixture model and stops early on EOS (ignore_eos is off here).
@@ -135,6 +137,42 @@ def test_staggered_add_request_equals_alone(tiny_llm, alone):
         assert out.finished
         assert out.outputs[0].token_ids == alone[i]
         assert out.prompt == PROMPTS[i]
+
+
+def test_long_prompts_do_not_stall_decodes(tiny_model_dir, tiny_llm, alone):
+    """While sequences decode, each step takes only the prefill the step-cost model allows (a step
+    at most STALL_FACTOR times the decode-only step); outputs are unchanged."""
+    long_prompts = [" ".join([PROMPTS[i]] * 6) for i in (1, 5)]
+    expected = [o.outputs[0].token_ids for o in tiny_llm.generate(long_prompts, greedy(12), use_tqdm=False)]
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=512)
+    engine = llm.llm_engine
+    cost = StepCostModel.fixed(0.02, 512)  # a step of r rows costs 1 + 0.02 (r - 1)
+    engine.scheduler.step_cost = cost
+    steps = []  # (decode rows, prefill rows) of each step
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule():
+        plan = schedule()
+        decode = sum(1 for item in plan.scheduled if item.samples and item.num_new_tokens == 1)
+        steps.append((decode, plan.num_batched_tokens - decode))
+        return plan
+
+    engine.scheduler.schedule = recording_schedule
+    params = _params()
+    for i in (0, 2):
+        engine.add_request(f"short-{i}", PROMPTS[i], params[i])
+    engine.step()
+    for i, prompt in enumerate(long_prompts):
+        engine.add_request(f"long-{i}", prompt, greedy(12))
+    results = {}
+    _drain(engine, results)
+    assert [results[f"short-{i}"].outputs[0].token_ids for i in (0, 2)] == [alone[0], alone[2]]
+    assert [results[f"long-{i}"].outputs[0].token_ids for i in (0, 1)] == expected
+    held = [(d, p) for d, p in steps if d and p]
+    assert len(held) >= 3  # the long prompts were prefilled in chunks beside the decodes
+    for decode, prefill in held:
+        allowed = cost.max_rows_within(STALL_FACTOR * cost.seconds(decode), 512) - decode
+        assert prefill <= max(MIN_PREFILL_CHUNK, allowed)
 
 
 def test_step_reports_progress_incrementally(tiny_llm, alone):

@@ -160,7 +160,6 @@ class _Session:
                               "dtype": str(engine.dtype).removeprefix("torch."), "device": str(engine.device),
                               "eos_token_ids": sorted(engine.eos_token_ids)}
         entry = self.run.engines.setdefault(config.label, {"speculative_config": config.speculative_config,
-                                                           "build_seconds": [], "step_costs": []})
+                                                           "build_seconds": [], "step_ms": []})
         entry["build_seconds"].append(seconds)
-        if engine.speculator:
-            entry["step_costs"].append(engine.speculator.policy.step_costs)
+        entry["step_ms"].append(engine.step_cost.snapshot())  # start-up step times by rows

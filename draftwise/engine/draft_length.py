@@ -1,36 +1,41 @@
-"""How many drafts each sequence gets: only as many as pay for their verification.
+"""How many drafts each sequence gets: only as many as pay for their rows in this batch.
 
 Verifying drafts adds rows to the target forward. Where extra rows are nearly
-free (a GPU, bf16 on AMX) long drafts cost nothing; on an AVX2 CPU in fp32
-the second row alone costs ~40% of a step (the one-row matrix-vector kernel
-gives way to a matrix-matrix one) and each further row a few percent more,
-so drafts that will be rejected make decoding slower than plain.
-``DraftLengthPolicy`` picks, per sequence and step, the length that
-maximises expected tokens per unit of time under two estimates:
+free (a GPU, bf16 on AMX, a small batch) long drafts cost nothing; on an AVX2
+CPU in fp32, or in a batch large enough that the step is compute-bound, each
+row costs nearly a token's worth of time, and drafts that will be rejected
+make decoding slower than plain. ``DraftLengthPolicy`` prices drafts for the
+whole batch with two estimates:
 
-* ``step_costs[k]``: the time of a step verifying ``k`` drafts relative to a
-  plain one-row step (``step_costs[0] == 1``), measured once at start-up for
-  1 and K drafts and interpolated linearly between (``measure_step_costs``).
-* ``alpha``: the sequence's chance that a draft token is accepted given the
-  ones before it were, a decayed count of its own verified drafts
-  (``accepted / tried``) pulled towards a prior of ``PRIOR`` by ``PSEUDO``
-  pseudo-trials. Steps in which the policy withheld drafts decay the counts
-  slowly, so a sequence whose drafts failed is probed again after a while.
+* ``StepCostModel.seconds(num_rows)`` (``step_cost.py``): the time of a step
+  of that many rows, learned from the engine's own steps.
+* the expected gain of each draft: the chance that it and every draft before
+  it are accepted. By default ``alpha ** (j + 1)`` for a sequence's
+  ``(j + 1)``-th draft, where ``alpha`` is the sequence's own acceptance rate
+  (a decayed count of its verified drafts, ``accepted / tried``, pulled towards
+  ``PRIOR`` by ``PSEUDO`` pseudo-trials; steps in which a sequence got no
+  drafts decay its counts slowly, so a sequence whose drafts failed is probed
+  again after a while). Proposers that estimate it per draft
+  (``DraftBatch.confidence``) refine the choice once their drafts are known.
 
-    k* = argmax over k in [0, limit] of (1 + alpha + ... + alpha^k) / step_costs[k]
+``allocate`` then picks the drafts that maximise the batch's expected tokens
+per second. Every sequence that decodes yields one token; the base rows
+(those decodes plus any prefill chunks) cost ``seconds(base)``; adding the
+``m`` drafts with the largest gains yields ``sum(gains)`` more tokens for
+``seconds(base + m)``. Since a sequence's gains shrink with depth, the best set
+of ``m`` drafts is the ``m`` largest gains, and the best ``m`` is found in one
+pass. With one sequence this is the classic rule (draft ``k`` tokens while
+``(1 + alpha + ... + alpha^k) / cost(1 + k)`` still rises); in a batch large
+enough that rows are not free, speculation steps aside on its own.
 
 The choice only changes speed: verification is lossless whatever the length.
 """
 from __future__ import annotations
 
-import operator
-import time
-from itertools import accumulate
+import numpy as np
 
-import torch
-
-from ..paged import ForwardInput
 from ..sequence import Sequence
+from .step_cost import StepCostModel
 
 PRIOR = 0.5  # acceptance assumed before a sequence has verified anything
 PSEUDO = 1.0  # weight of the prior, in trials
@@ -38,50 +43,49 @@ DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
 WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed again after ~40 steps
 
 
-def best_num_drafts(alpha: float, step_costs: list[float], limit: int) -> int:
-    """The draft length with the most expected tokens per unit of step time, when each draft
-    is accepted with probability ``alpha`` given the ones before it were."""
-    num = min(limit, len(step_costs) - 1)
-    return best_prefix(list(accumulate([alpha] * num, operator.mul)), step_costs)
-
-
-def best_prefix(confidence: list[float], step_costs: list[float]) -> int:
-    """The draft length with the most expected tokens per unit of step time, given the
-    estimate ``confidence[i]`` that the first i + 1 drafts are all accepted."""
-    best_k, best_rate, expected = 0, 1.0, 1.0
-    for k, prob in enumerate(confidence[:len(step_costs) - 1], start=1):
-        expected += prob
-        rate = expected / step_costs[k]
-        if rate > best_rate:
-            best_k, best_rate = k, rate
-    return best_k
-
-
-def linear_step_costs(row_cost: float, max_num_drafts: int) -> list[float]:
-    """Step costs when every verify row adds ``row_cost`` of a one-row step."""
-    return [1.0 + row_cost * k for k in range(max_num_drafts + 1)]
-
-
 class DraftLengthPolicy:
-    def __init__(self, step_costs: list[float]):
-        self.step_costs = step_costs  # [K + 1]; step_costs[0] == 1
-        self.free = all(c <= 1.0 for c in step_costs)
+    def __init__(self, step_cost: StepCostModel):
+        self.step_cost = step_cost
 
-    def cut(self, num_drafts: int, confidence: list[float]) -> int:
-        """Cut a proposed draft to the prefix worth verifying by the proposer's own confidence."""
-        if self.free or num_drafts == 0:
-            return num_drafts
-        return min(num_drafts, best_prefix(confidence, self.step_costs))
+    @property
+    def prices_rows(self) -> bool:
+        """False while drafts are free or cannot be priced yet (every draft is then kept)."""
+        return self.step_cost.ready and not self.step_cost.free
 
-    def limit(self, seq: Sequence, max_num_drafts: int) -> int:
-        """Cut ``max_num_drafts`` to the length worth verifying for ``seq``."""
-        if max_num_drafts <= 0 or self.free:
-            return max_num_drafts
-        k = best_num_drafts(self.alpha(seq), self.step_costs, max_num_drafts)
-        if k == 0:  # withheld: let the evidence fade so the sequence is probed again later
-            seq.draft_accepted *= WITHHELD_DECAY
-            seq.draft_tried *= WITHHELD_DECAY
-        return k
+    def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int) -> list[int]:
+        """Cut each ``max_num_drafts[i]`` to what ``seqs[i]``'s acceptance rate makes worth
+        verifying in a step of ``num_base_rows`` rows before drafts."""
+        if not self.prices_rows:
+            return list(max_num_drafts)
+        gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
+        chosen = self.allocate(gains, num_base_rows)
+        for seq, num, limit in zip(seqs, chosen, max_num_drafts):
+            if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
+                seq.draft_accepted *= WITHHELD_DECAY
+                seq.draft_tried *= WITHHELD_DECAY
+        return chosen
+
+    def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int) -> list[int]:
+        """Cut proposed drafts to the prefixes worth verifying by the proposer's own ``confidence``
+        (``confidence[i][j]``: its estimate that drafts 0..j of sequence i are all accepted)."""
+        if not self.prices_rows:
+            return list(num_drafts)
+        return self.allocate([conf[:num] for conf, num in zip(confidence, num_drafts)], num_base_rows)
+
+    def allocate(self, gains: list[list[float]], num_base_rows: int) -> list[int]:
+        """Drafts per sequence that maximise expected tokens per second (see the module docstring).
+        ``gains[i][j]``: expected tokens added by sequence i's (j + 1)-th draft, non-increasing in j."""
+        entries = sorted(((-g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row) if g > 0.0))
+        chosen = [0] * len(gains)
+        if not entries:
+            return chosen
+        base_rows = max(1, num_base_rows)
+        seconds = self.step_cost.seconds_many(base_rows + np.arange(len(entries) + 1, dtype=np.float64))
+        tokens = len(gains) - np.concatenate(([0.0], np.cumsum([e[0] for e in entries])))
+        best = int(np.argmax(tokens / seconds))  # the first of equal rates: fewer rows
+        for _, _, i in entries[:best]:
+            chosen[i] += 1
+        return chosen
 
     @staticmethod
     def alpha(seq: Sequence) -> float:
@@ -95,34 +99,6 @@ class DraftLengthPolicy:
         seq.draft_tried = DECAY * seq.draft_tried + tried
 
 
-@torch.inference_mode()
-def measure_step_costs(target, block_manager, max_num_drafts: int, context_len: int = 128,
-                       repeats: int = 3) -> list[float]:
-    """``step_costs`` for 0..``max_num_drafts`` drafts, timed on this machine.
-
-    Runs a throw-away sequence through the target (its blocks are freed after):
-    one prefill, then the best of ``repeats`` timings (after a warm-up) of a
-    forward with logits over 1, 2 and ``max_num_drafts + 1`` rows.
-    """
-    if max_num_drafts < 1 or context_len < 1:
-        return [1.0] * (max_num_drafts + 1)
-    with block_manager.scratch("step-cost", context_len, context_len + max_num_drafts + 1) as dummy:
-        if dummy is None:
-            return [1.0] * (max_num_drafts + 1)
-        target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
-        times = {rows: _best_time(target, dummy, context_len, rows, repeats)
-                 for rows in sorted({1, 2, max_num_drafts + 1})}
-    first, last = times[2] / times[1], times[max_num_drafts + 1] / times[1]
-    span = max(1, max_num_drafts - 1)
-    return [1.0] + [first + (last - first) * (k - 1) / span for k in range(1, max_num_drafts + 1)]
-
-
-def _best_time(target, dummy: Sequence, context_len: int, rows: int, repeats: int) -> float:
-    batch = [ForwardInput([0] * rows, context_len, dummy.block_ids)]
-    samples = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        hidden, _, _ = target.forward(batch)
-        target.compute_logits(hidden).max(dim=-1).indices.tolist()
-        samples.append(time.perf_counter() - start)
-    return min(samples[1:])
+def _geometric(alpha: float, num: int) -> list[float]:
+    """``[alpha, alpha^2, ..., alpha^num]``: the chance that the first 1..num drafts are all accepted."""
+    return [alpha ** (j + 1) for j in range(max(0, num))]

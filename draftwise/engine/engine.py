@@ -14,6 +14,10 @@ With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
 the next step verifies them in the same target forward that decodes, and
 ``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
 
+Every step's forward is timed into a ``StepCostModel`` (seeded at start-up),
+which prices rows for the draft-length policy and bounds the prefill that
+joins a step while sequences decode.
+
 Every KV tensor (the target's and a drafter's) comes from one ``KVPool``,
 sized together for ``kv_cache_memory_bytes``.
 """
@@ -42,6 +46,7 @@ from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
 from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
+from .step_cost import StepCostModel, fixed_row_cost, measure_step_seconds
 
 logger = logging.getLogger("draftwise")
 
@@ -80,10 +85,11 @@ class LLMEngine:
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = self._compile(paged, max_batched)
+        self.step_cost = self._step_cost_model(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)
-            self.speculator.calibrate(paged)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched)
+            self.speculator.price_with(self.step_cost)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched, self.step_cost)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, _Request] = {}
         self._seed_rng = random.Random(config.seed)
@@ -93,10 +99,9 @@ class LLMEngine:
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
+        logger.info("draftwise: step time by rows at start-up: %s", self.step_cost.describe())
         if config.speculative:
-            costs = self.speculator.policy.step_costs
-            logger.info("draftwise: speculative decoding %s; a step verifying 1 / %d drafts costs %.2f / %.2f "
-                        "plain steps", config.speculative.to_dict(), len(costs) - 1, costs[1], costs[-1])
+            logger.info("draftwise: speculative decoding %s", config.speculative.to_dict())
 
     def _compile(self, paged: PagedModel, max_num_tokens: int) -> float:
         """Compile the target's forward unless the compilation mode is 0; each graph is compiled
@@ -118,6 +123,19 @@ class LLMEngine:
                 paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_ids)
 
         return log_compile(compiled.warm_up_sizes(), compile_one)
+
+    def _step_cost_model(self, paged: PagedModel, max_num_tokens: int) -> StepCostModel:
+        """The step-cost model, seeded with a few timed forwards (``DRAFTWISE_VERIFY_ROW_COST`` fixes
+        it instead: see ``step_cost.py``)."""
+        row_cost = fixed_row_cost()
+        if row_cost is not None:
+            return StepCostModel.fixed(row_cost, max_num_tokens)
+        model = StepCostModel(max_num_tokens)
+        context_len = min(128, self.max_model_len // 2)
+        k = self.speculator.num_spec_tokens if self.speculator else 1
+        rows = [r for r in (1, 2, k + 1, 16, 64, 256) if r <= min(max_num_tokens, self.max_model_len - context_len)]
+        model.seed(measure_step_seconds(paged, self.block_manager, rows, context_len))
+        return model
 
     def _prefix_caching(self) -> bool:
         """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
@@ -190,20 +208,28 @@ class LLMEngine:
         (The forward stays on this thread: a second thread running torch ops would start a second
         OpenMP team, and on a small CPU both teams then stop spin-waiting and every op slows down.)"""
         plan = self.scheduler.schedule()
-        needs = self.speculator.needs if self.speculator else None
         if not self.config.async_scheduling:
             if plan.is_empty:
                 return []
-            return self._outputs(self._apply(plan, self.runner.execute(plan.scheduled, needs)))
+            return self._outputs(self._apply(plan, self._execute(plan)))
         previous = self._output_thread.submit(self._outputs, self._pending_outputs)
-        result = None if plan.is_empty else self.runner.execute(plan.scheduled, needs)
+        result = None if plan.is_empty else self._execute(plan)
         outputs = previous.result()  # before _apply changes the sequences it reads
         self._pending_outputs = self._apply(plan, result) if result is not None else []
         return outputs
 
+    def _execute(self, plan: SchedulerOutput) -> StepResult:
+        """Run the planned step on the target, timing it into the step-cost model."""
+        start = time.perf_counter()
+        result = self.runner.execute(plan.scheduled, self.speculator.needs if self.speculator else None)
+        self.step_cost.observe(plan.num_batched_tokens, time.perf_counter() - start)
+        return result
+
     def _apply(self, plan: SchedulerOutput, result: StepResult) -> list[str]:
         """Apply a step's tokens: cache, stop conditions, next drafts, releases. Returns the ids of
         the requests it advanced (everything the next schedule depends on happens here)."""
+        # drafts are priced beside the next step's prefill, taken to be like this step's
+        num_prefill_rows = sum(item.num_new_tokens for item in plan.scheduled if not item.samples)
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         for seq, num_accepted in zip(result.seqs, result.num_accepted):
@@ -216,8 +242,8 @@ class LLMEngine:
         finished = self.output_processor.append(result)
         for item in plan.scheduled:  # their full computed blocks become shareable
             self.block_manager.cache_computed(item.seq)
-        if spec:
-            spec.propose(result)  # before finished sequences are released: their last rows still count
+        if spec:  # before finished sequences are released: their last rows still count
+            spec.propose(result, num_prefill_rows)
         for seq in finished:
             self._release(seq)
         return list(dict.fromkeys(s.request_id for s in result.seqs))

@@ -1,11 +1,17 @@
 """Continuous batching: which sequences run this step, and how many tokens each.
 
 Each step has a token budget (``max_num_batched_tokens``) and a sequence
-budget (``max_num_seqs``). Running sequences go first (a decode token and its
-draft tokens to verify, or the next chunk of an unfinished prefill); drafts
-count against the budget and are dropped, never preempting anyone, when
-budget or KV blocks run short. Waiting sequences are admitted while
-budget and KV blocks last, their prompts chunked to fit. When a running
+budget (``max_num_seqs``). Decoding sequences go first (a decode token and its
+draft tokens to verify); drafts count against the budget and are dropped,
+never preempting anyone, when budget or KV blocks run short. Prefill comes
+next: the next chunks of unfinished prefills, then waiting sequences admitted
+while budget and KV blocks last, their prompts chunked to fit, oldest first.
+
+Decodes never stall behind a long prompt: while sequences decode, the prefill
+joining a step is bounded so that the step is predicted to take at most
+``STALL_FACTOR`` times the decode-only step (``StepCostModel``, learned from
+the engine's own steps), and at least ``MIN_PREFILL_CHUNK`` tokens so prompts
+always progress. Without decodes, prefill takes the whole budget. When a running
 sequence cannot get a block, the most recently admitted running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue to
 be recomputed (prompt + output so far) later. Outputs do not change because
@@ -21,6 +27,10 @@ from dataclasses import dataclass, field
 
 from ..paged import BlockManager
 from ..sequence import Sequence, SequenceStatus
+from .step_cost import StepCostModel
+
+STALL_FACTOR = 2.0  # a step with prefill may take this many times the decode-only step
+MIN_PREFILL_CHUNK = 16  # prefill tokens a step may always take
 
 
 @dataclass
@@ -46,13 +56,19 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(item.num_scheduled_tokens for item in self.scheduled)
+
+    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 step_cost: StepCostModel | None = None):
         self.block_manager = block_manager
+        self.step_cost = step_cost
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -67,11 +83,27 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        for seq in list(self.running):
+        decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens == 1]
+        budget = self._schedule_running(decoding, self.max_num_batched_tokens, out)
+        num_decode_rows = out.num_scheduled_tokens
+        prefill = min(budget, self._prefill_budget(num_decode_rows, budget))
+        prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens > 1]
+        prefill = self._schedule_running(prefilling, prefill, out)
+        if not out.preempted:
+            prefill = self._admit_waiting(out, prefill)
+        out.num_batched_tokens = out.num_scheduled_tokens
+        now = time.time()
+        for item in out.scheduled:
+            if item.seq.first_scheduled_time is None:
+                item.seq.first_scheduled_time = now
+        return out
+
+    def _schedule_running(self, seqs: list[Sequence], budget: int, out: SchedulerOutput) -> int:
+        """Schedule the next tokens (and drafts) of running ``seqs`` within ``budget``; returns what is left."""
+        for seq in seqs:
             if budget == 0:
                 break
-            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._reserve(seq, num_new, out):
@@ -79,14 +111,15 @@ class Scheduler:
             item = ScheduledSeq(seq, num_new, self._drafts(seq, num_new, budget - num_new))
             out.scheduled.append(item)
             budget -= item.num_scheduled_tokens
-        if not out.preempted:
-            budget = self._admit_waiting(out, budget)
-        out.num_batched_tokens = sum(item.num_scheduled_tokens for item in out.scheduled)
-        now = time.time()
-        for item in out.scheduled:
-            if item.seq.first_scheduled_time is None:
-                item.seq.first_scheduled_time = now
-        return out
+        return budget
+
+    def _prefill_budget(self, num_decode_rows: int, budget: int) -> int:
+        """Prefill tokens that may join a step of ``num_decode_rows`` decode (and draft) rows."""
+        cost = self.step_cost
+        if num_decode_rows == 0 or cost is None or not cost.ready or cost.free:
+            return budget
+        within = cost.max_rows_within(STALL_FACTOR * cost.seconds(num_decode_rows), num_decode_rows + budget)
+        return max(MIN_PREFILL_CHUNK, within - num_decode_rows)
 
     def _reserve(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Find blocks for ``seq``'s next ``num_new`` tokens, preempting later sequences if needed."""

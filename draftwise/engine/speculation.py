@@ -9,23 +9,21 @@
 3. (the engine appends the emitted tokens and releases finished sequences)
 4. ``propose``: the proposer drafts for every sequence still running, each
    clipped to ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``,
-   the length worth verifying (``draft_length.py``) and the KV blocks it can get.
+   the drafts worth verifying in this batch (``draft_length.py``, priced by the
+   engine's ``StepCostModel``) and the KV blocks it can get.
 """
 from __future__ import annotations
-
-import os
 
 from ..paged import BlockManager, KVPool, PagedModel
 from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
 from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
-from .draft_length import DraftLengthPolicy, linear_step_costs, measure_step_costs
+from .draft_length import DraftLengthPolicy
 from .model_runner import StepResult
+from .step_cost import StepCostModel
 
 DRAFTER_KV = "drafter"  # the proposer's member of the KV pool
-
-ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 
 
 class Speculator:
@@ -37,7 +35,7 @@ class Speculator:
         self.stats = SpecDecodingStats(self.num_spec_tokens)
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
-        self.policy = DraftLengthPolicy([1.0] * (self.num_spec_tokens + 1))
+        self.policy = DraftLengthPolicy(StepCostModel.fixed(0.0, self.num_spec_tokens + 1))
 
     @property
     def needs(self) -> ProposerNeeds:
@@ -54,19 +52,9 @@ class Speculator:
         if DRAFTER_KV in pool.tensors:
             self.proposer.bind_kv_cache(pool.tensor(DRAFTER_KV))
 
-    def calibrate(self, target: PagedModel) -> None:
-        """Measure what verifying drafts costs, which sets how long drafts are worth making.
-
-        ``DRAFTWISE_VERIFY_ROW_COST`` (a number >= 0: each verify row costs that share of a
-        one-row step) skips the measurement; 0 never cuts drafts.
-        """
-        fixed = os.environ.get(ROW_COST_ENV)
-        if fixed is not None:
-            costs = linear_step_costs(_row_cost_from_env(fixed), self.num_spec_tokens)
-        else:
-            context_len = min(128, self.max_model_len - self.num_spec_tokens - 1)
-            costs = measure_step_costs(target, self.block_manager, self.num_spec_tokens, context_len)
-        self.policy = DraftLengthPolicy(costs)
+    def price_with(self, step_cost: StepCostModel) -> None:
+        """Price drafts with the engine's step-cost model (until then every draft is kept)."""
+        self.policy = DraftLengthPolicy(step_cost)
 
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
@@ -83,19 +71,23 @@ class Speculator:
             self.stats.add(step)
             self.logger.record(step)
 
-    def propose(self, result: StepResult) -> None:
+    def propose(self, result: StepResult, num_prefill_rows: int = 0) -> None:
+        """Draft for the sequences of ``result`` still running; ``num_prefill_rows``: the prefill
+        rows expected beside their decodes next step (the drafts' rows are priced on top)."""
         seqs = [seq for seq in result.seqs if not seq.is_finished]
         if not seqs and result.target_hidden is None:
             return  # (a proposer reading hidden states still sees the rows of prefill chunks)
-        limits = [self._max_num_drafts(seq) for seq in seqs]
+        num_base_rows = len(seqs) + num_prefill_rows
+        limits = self.policy.limits(seqs, [self._max_num_drafts(seq) for seq in seqs], num_base_rows)
+        limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
         if not seqs:
             return
+        nums = [min(num, limit) for num, limit in zip(drafts.num_draft_tokens, limits)]
+        if drafts.confidence is not None:
+            nums = self.policy.cut(nums, drafts.confidence, num_base_rows)
         token_rows = drafts.token_ids.tolist()
-        for i, seq in enumerate(seqs):
-            num = min(drafts.num_draft_tokens[i], limits[i])
-            if drafts.confidence is not None:
-                num = self.policy.cut(num, drafts.confidence[i])
+        for i, (seq, num) in enumerate(zip(seqs, nums)):
             seq.spec_token_ids = token_rows[i][:num]
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
 
@@ -103,7 +95,10 @@ class Speculator:
         limit = min(self.num_spec_tokens, self.max_model_len - seq.num_tokens - 1)
         if seq.params.max_tokens is not None:
             limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
-        limit = self.policy.limit(seq, limit)
+        return max(0, limit)
+
+    def _fit_kv(self, seq: Sequence, limit: int) -> int:
+        """``limit`` cut to the KV slots ``seq`` can get (proposers with a KV cache of their own)."""
         if limit > 0 and self.needs.kv_cache and not self.block_manager.ensure(seq, seq.num_tokens + limit):
             capacity = len(seq.block_ids) * self.block_manager.block_size
             limit = min(limit, capacity - seq.num_tokens)
@@ -115,12 +110,3 @@ class Speculator:
     def flush_log(self) -> None:
         self.logger.flush()
 
-
-def _row_cost_from_env(value: str) -> float:
-    try:
-        cost = float(value)
-    except ValueError:
-        cost = -1.0
-    if not cost >= 0.0:
-        raise ValueError(f"{ROW_COST_ENV}={value!r} is invalid: must be a number >= 0 (0 never cuts drafts)")
-    return cost

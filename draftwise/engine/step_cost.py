@@ -1,0 +1,196 @@
+"""What a target step costs, as a function of the rows it runs, learned from the engine's own steps.
+
+Two decisions price rows against step time: how many drafts are worth verifying
+(``draft_length.py``: a draft pays when its expected accepted tokens outweigh
+its rows' share of the step) and how much prefill may join a step while other
+sequences decode (``scheduler.py``: a prefill chunk must not stretch their
+inter-token gap). Both read one ``StepCostModel``:
+
+* ``seconds(num_rows)``: the predicted wall time of a step running
+  ``num_rows`` rows (tokens of every scheduled sequence, drafts included);
+  piecewise linear between knots at 1, 2, 3, 4, 6, 8, 12, 16, ... rows, made
+  non-decreasing, flat below the first known knot and extended with the
+  slope of the last two known knots beyond the last one.
+* ``observe(num_rows, seconds)``: one measured step. The two knots around
+  ``num_rows`` move towards the measurement (shifted along the current slope
+  to each knot), by the running mean of their evidence at first and then by
+  an exponential moving average, so the model follows load, context lengths
+  and thermal drift without trusting a single noisy step.
+
+Start-up seeds it (``measure_step_seconds``: a few timed forwards of a
+throw-away sequence); the steps of real traffic then replace the seed. The
+shape differs by machine (on an AVX2 CPU in fp32 the second row costs ~40% of
+a step, with AMX rows are nearly free up to dozens, on a GPU up to hundreds),
+which is why it is measured and never assumed.
+
+``fixed(row_cost)``: a linear model that ignores observations, each row after
+the first costing ``row_cost`` of a one-row step (``DRAFTWISE_VERIFY_ROW_COST``;
+tests use 0: rows are free, drafts are never cut and prefill is never held back).
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import time
+
+import numpy as np
+import torch
+
+from ..paged import ForwardInput
+
+ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
+MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error
+
+
+def knots(max_rows: int) -> list[int]:
+    """Row counts where the model keeps an estimate: 1, 2, 3, 4, 6, 8, 12, ... up to ``max_rows``."""
+    points, base = [1, 2, 3], 4
+    while points[-1] < max_rows:
+        points += [base, base * 3 // 2]
+        base *= 2
+    return sorted({min(p, max_rows) for p in points if p <= max_rows} | {max_rows})
+
+
+class StepCostModel:
+    def __init__(self, max_rows: int):
+        self.knots = knots(max(1, max_rows))  # [num_knots] row counts
+        self.values: list[float | None] = [None] * len(self.knots)  # seconds at each knot, None: unseen
+        self.counts = [0.0] * len(self.knots)  # evidence per knot (observations, split between two knots)
+        self.frozen = False
+
+    @classmethod
+    def fixed(cls, row_cost: float, max_rows: int) -> "StepCostModel":
+        """A model where a step of ``r`` rows costs ``1 + row_cost * (r - 1)``; ``observe`` is a no-op."""
+        model = cls(max_rows)
+        model.values = [1.0 + row_cost * (k - 1) for k in model.knots]
+        model.frozen = True
+        return model
+
+    @property
+    def ready(self) -> bool:
+        """True once two knots are known, so the model can price extra rows."""
+        return sum(v is not None for v in self.values) >= 2
+
+    @property
+    def free(self) -> bool:
+        """True when extra rows are known to cost nothing (a fixed model with ``row_cost`` 0)."""
+        return self.frozen and self.values[-1] <= self.values[0]
+
+    def seconds(self, num_rows: float) -> float | None:
+        """Predicted wall time of a step of ``num_rows`` rows; None before any step was seen."""
+        if not any(v is not None for v in self.values):
+            return None
+        return float(self.seconds_many(np.array([num_rows], dtype=np.float64))[0])
+
+    def seconds_many(self, num_rows: np.ndarray) -> np.ndarray:
+        """``seconds`` of each entry of ``num_rows`` (``[n]``), in one pass (at least one knot known)."""
+        known = self._known()
+        xs = np.array([x for x, _ in known], dtype=np.float64)
+        ys = np.array([y for _, y in known], dtype=np.float64)
+        out = np.interp(num_rows, xs, ys)  # flat outside [xs[0], xs[-1]]
+        if len(known) >= 2:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            beyond = num_rows > xs[-1]
+            out[beyond] = ys[-1] + slope * (num_rows[beyond] - xs[-1])
+        return out
+
+    def max_rows_within(self, seconds: float, limit: int) -> int:
+        """The most rows (at least 1, at most ``limit``) a step can run in ``seconds`` under this model."""
+        times = self.seconds_many(np.arange(1, max(1, limit) + 1, dtype=np.float64))  # non-decreasing
+        return max(1, int(np.searchsorted(times, seconds, side="right")))
+
+    def observe(self, num_rows: int, seconds: float) -> None:
+        """Fold one measured step of ``num_rows`` rows that took ``seconds`` into the estimates."""
+        if self.frozen or num_rows < 1 or not seconds > 0.0:
+            return
+        num_rows = min(num_rows, self.knots[-1])
+        hi = bisect.bisect_left(self.knots, num_rows)
+        lo = hi if self.knots[hi] == num_rows else hi - 1
+        span = self.knots[hi] - self.knots[lo]
+        share_hi = 1.0 if span == 0 else (num_rows - self.knots[lo]) / span
+        slope = self._slope(self.knots[lo], self.knots[hi])
+        for k, share in ((lo, 1.0 - share_hi), (hi, share_hi)):
+            if share <= 0.0:
+                continue
+            target = seconds + slope * (self.knots[k] - num_rows)  # the measurement carried to this knot
+            self.counts[k] += share
+            rate = share * max(1.0 / self.counts[k], MIN_RATE)
+            value = self.values[k]
+            self.values[k] = target if value is None else value + min(1.0, rate) * (target - value)
+
+    def seed(self, samples: dict[int, float]) -> None:
+        """Start from measured ``{num_rows: seconds}`` (each counts as one observation)."""
+        for num_rows, seconds in sorted(samples.items()):
+            self.observe(num_rows, seconds)
+
+    def snapshot(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> dict[int, float]:
+        """``{num_rows: predicted milliseconds}`` at ``rows`` within the model's range (a fixed
+        model: multiples of a one-row step)."""
+        if not any(v is not None for v in self.values):
+            return {}
+        scale = 1.0 if self.frozen else 1e3
+        return {r: round(self.seconds(r) * scale, 3) for r in rows if r <= self.knots[-1]}
+
+    def describe(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> str:
+        """``rows: ms`` for a log line, e.g. ``1: 19.6 ms, 2: 24.0 ms, ...``."""
+        unit = "x a 1-row step" if self.frozen else "ms"
+        return ", ".join(f"{r}: {ms:g} {unit}" for r, ms in self.snapshot(rows).items()) or "not measured yet"
+
+    def _known(self) -> list[tuple[int, float]]:
+        """Known knots with their values made non-decreasing in rows."""
+        known, top = [], 0.0
+        for x, y in zip(self.knots, self.values):
+            if y is not None:
+                top = max(top, y)
+                known.append((x, top))
+        return known
+
+    def _slope(self, x0: int, x1: int) -> float:
+        """Seconds per row between knots ``x0`` and ``x1`` where both lie within the known range
+        (0 elsewhere: a measurement past the known range is not carried along an extrapolation)."""
+        known = [x for x, v in zip(self.knots, self.values) if v is not None]
+        if x1 == x0 or len(known) < 2 or x0 < known[0] or x1 > known[-1]:
+            return 0.0
+        return max(0.0, (self.seconds(x1) - self.seconds(x0)) / (x1 - x0))
+
+
+@torch.inference_mode()
+def measure_step_seconds(target, block_manager, rows: list[int], context_len: int = 128,
+                         repeats: int = 2) -> dict[int, float]:
+    """``{num_rows: seconds}``: the best of ``repeats`` timed forwards (after a warm-up) of a
+    throw-away sequence of ``context_len`` cached tokens plus ``num_rows`` new ones, logits over
+    every row. Its blocks are freed after; empty when the KV cache cannot hold it."""
+    rows = sorted({r for r in rows if r >= 1})
+    if not rows or context_len < 1:
+        return {}
+    with block_manager.scratch("step-cost", context_len, context_len + rows[-1]) as dummy:
+        if dummy is None:
+            return {}
+        target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
+        return {r: _best_time(target, dummy.block_ids, context_len, r, repeats) for r in rows}
+
+
+def _best_time(target, block_ids: list[int], context_len: int, num_rows: int, repeats: int) -> float:
+    batch = [ForwardInput([0] * num_rows, context_len, block_ids)]
+    samples = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        hidden, _, _ = target.forward(batch)
+        target.compute_logits(hidden).max(dim=-1).indices.tolist()
+        samples.append(time.perf_counter() - start)
+    return min(samples[1:])
+
+
+def fixed_row_cost() -> float | None:
+    """``DRAFTWISE_VERIFY_ROW_COST`` as a number >= 0 (None when unset): each row after the first
+    costs that share of a one-row step, and nothing is measured."""
+    value = os.environ.get(ROW_COST_ENV)
+    if value is None:
+        return None
+    try:
+        cost = float(value)
+    except ValueError:
+        cost = -1.0
+    if not cost >= 0.0:
+        raise ValueError(f"{ROW_COST_ENV}={value!r} is invalid: must be a number >= 0 (0 never cuts drafts)")
+    return cost

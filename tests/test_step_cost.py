@@ -1,0 +1,85 @@
+"""The step-cost model: step time by rows, learned from noisy measured steps, following drift,
+never decreasing in rows; and its start-up seed, which leaves the KV cache as it found it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from draftwise import LLM
+from draftwise.engine.step_cost import StepCostModel, knots, measure_step_seconds
+
+
+def _truth(rows: int) -> float:
+    """A CPU-like step: 12 ms for one row, a jump at the second, then 0.5 ms per row."""
+    return 0.012 + (0.004 if rows > 1 else 0.0) + 0.0005 * (rows - 1)
+
+
+def _learn(model: StepCostModel, truth, n: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    for _ in range(n):
+        rows = rng.choice([1, 1, 2, 3, 5, 6, rng.randint(1, 300)])
+        model.observe(rows, truth(rows) * rng.uniform(0.85, 1.15))
+
+
+def test_knots_are_dense_where_rows_are_few():
+    assert knots(20) == [1, 2, 3, 4, 6, 8, 12, 16, 20]
+    assert knots(1) == [1] and knots(2048)[-3:] == [1024, 1536, 2048]
+
+
+def test_learns_a_cost_curve_from_noisy_steps():
+    model = StepCostModel(512)
+    assert model.seconds(8) is None and not model.ready
+    _learn(model, _truth, 3000)
+    for rows in (1, 2, 5, 16, 64, 200, 256):
+        assert model.seconds(rows) == pytest.approx(_truth(rows), rel=0.1), rows
+
+
+def test_follows_a_machine_that_gets_slower():
+    model = StepCostModel(512)
+    _learn(model, _truth, 2000)
+    _learn(model, lambda r: 2 * _truth(r), 1500, seed=1)
+    for rows in (1, 5, 64):
+        assert model.seconds(rows) == pytest.approx(2 * _truth(rows), rel=0.15), rows
+
+
+def test_never_decreasing_in_rows():
+    model = StepCostModel(64)
+    model.seed({1: 0.010, 8: 0.020, 16: 0.015, 32: 0.030})  # a noisy dip at 16 rows
+    times = [model.seconds(r) for r in range(1, 65)]
+    assert times == sorted(times)
+
+
+def test_rows_within_a_time():
+    model = StepCostModel.fixed(0.5, 64)  # a step of r rows: 1 + 0.5 (r - 1)
+    assert model.ready and not model.free
+    assert model.max_rows_within(2.0, 64) == 3 and model.max_rows_within(100.0, 64) == 64
+    assert model.max_rows_within(0.5, 64) == 1  # never below one row
+    model.observe(1, 50.0)  # a fixed model ignores measurements
+    assert model.seconds(1) == 1.0 and StepCostModel.fixed(0.0, 64).free
+
+
+def test_start_up_seed_is_sane_and_frees_its_blocks(tiny_llm):
+    engine = tiny_llm.llm_engine
+    seconds = measure_step_seconds(engine.runner.paged, engine.block_manager, [1, 2, 5], context_len=32)
+    assert sorted(seconds) == [1, 2, 5] and all(0.0 < s < 5.0 for s in seconds.values())
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_engine_learns_from_its_steps(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("DRAFTWISE_VERIFY_ROW_COST")
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64)
+    model = llm.llm_engine.step_cost
+    assert model.ready and not model.frozen  # seeded at start-up
+    before = list(model.counts)
+    llm.generate(["hello there", "a longer prompt with some more words in it"], use_tqdm=False)
+    assert model.counts[1] > before[1] + 5  # the two-row decode steps were folded in
+
+
+def test_row_cost_env_fixes_the_model(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0.25")
+    model = LLM(model=str(tiny_model_dir), dtype="float32").llm_engine.step_cost
+    assert model.frozen and [model.seconds(r) for r in (1, 2, 5)] == [1.0, 1.25, 2.0]
+    monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "cheap")
+    with pytest.raises(ValueError, match="DRAFTWISE_VERIFY_ROW_COST='cheap'.*number >= 0"):
+        LLM(model=str(tiny_model_dir), dtype="float32")
