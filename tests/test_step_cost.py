@@ -43,6 +43,16 @@ def test_follows_a_machine_that_gets_slower():
         assert model.seconds(rows) == pytest.approx(2 * _truth(rows), rel=0.15), rows
 
 
+def test_seed_gives_the_shape_and_real_steps_the_level():
+    model = StepCostModel(256)
+    model.seed({1: 0.030, 6: 0.036, 64: 0.120})  # measured while another process was starting
+    for _ in range(200):
+        model.observe(1, 0.020)  # real steps only ever run one row (no drafts yet)
+    assert model.seconds(1) == pytest.approx(0.020, rel=0.05)
+    assert model.seconds(6) / model.seconds(1) == pytest.approx(1.2, rel=0.05)  # the seed's shape
+    assert model.seconds(64) == pytest.approx(0.080, rel=0.05)
+
+
 def test_never_decreasing_in_rows():
     model = StepCostModel(64)
     model.seed({1: 0.010, 8: 0.020, 16: 0.015, 32: 0.030})  # a noisy dip at 16 rows

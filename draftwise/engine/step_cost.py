@@ -17,8 +17,13 @@ inter-token gap). Both read one ``StepCostModel``:
   an exponential moving average, so the model follows load, context lengths
   and thermal drift without trusting a single noisy step.
 
-Start-up seeds it (``measure_step_seconds``: a few timed forwards of a
-throw-away sequence); the steps of real traffic then replace the seed. The
+Start-up seeds it (``measure_step_seconds``: timed forwards of a throw-away
+sequence, the row counts interleaved so a busy moment hits them alike). The
+seed gives the curve's shape, a prior worth ``SEED_WEIGHT`` observations at
+each knot; its level follows the real steps (``drift``: how much slower or
+faster they run than the seed predicted, e.g. on the server's engine thread or
+with long contexts), so a knot that real steps never reach is still priced in
+today's units, and knots they reach are soon their own measurements. The
 shape differs by machine (on an AVX2 CPU in fp32 the second row costs ~40% of
 a step, with AMX rows are nearly free up to dozens, on a GPU up to hundreds),
 which is why it is measured and never assumed.
@@ -40,6 +45,7 @@ from ..paged import ForwardInput
 
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error
+SEED_WEIGHT = 2.0  # the start-up seed counts as this many observations at each knot
 
 
 def knots(max_rows: int) -> list[int]:
@@ -56,6 +62,9 @@ class StepCostModel:
         self.knots = knots(max(1, max_rows))  # [num_knots] row counts
         self.values: list[float | None] = [None] * len(self.knots)  # seconds at each knot, None: unseen
         self.counts = [0.0] * len(self.knots)  # evidence per knot (observations, split between two knots)
+        self.prior: list[float | None] = [None] * len(self.knots)  # the seed at each knot, None: unseeded
+        self.drift = 1.0  # real steps' time / the seed's prediction (moving average)
+        self.drift_count = 0.0
         self.frozen = False
 
     @classmethod
@@ -69,7 +78,7 @@ class StepCostModel:
     @property
     def ready(self) -> bool:
         """True once two knots are known, so the model can price extra rows."""
-        return sum(v is not None for v in self.values) >= 2
+        return len(self._known()) >= 2
 
     @property
     def free(self) -> bool:
@@ -78,7 +87,7 @@ class StepCostModel:
 
     def seconds(self, num_rows: float) -> float | None:
         """Predicted wall time of a step of ``num_rows`` rows; None before any step was seen."""
-        if not any(v is not None for v in self.values):
+        if not self._known():
             return None
         return float(self.seconds_many(np.array([num_rows], dtype=np.float64))[0])
 
@@ -104,6 +113,10 @@ class StepCostModel:
         if self.frozen or num_rows < 1 or not seconds > 0.0:
             return
         num_rows = min(num_rows, self.knots[-1])
+        if self.prior[0] is not None:
+            expected = float(np.interp(num_rows, self.knots, self.prior))
+            self.drift_count += 1.0
+            self.drift += max(1.0 / self.drift_count, MIN_RATE) * (seconds / expected - self.drift)
         hi = bisect.bisect_left(self.knots, num_rows)
         lo = hi if self.knots[hi] == num_rows else hi - 1
         span = self.knots[hi] - self.knots[lo]
@@ -119,14 +132,23 @@ class StepCostModel:
             self.values[k] = target if value is None else value + min(1.0, rate) * (target - value)
 
     def seed(self, samples: dict[int, float]) -> None:
-        """Start from measured ``{num_rows: seconds}`` (each counts as one observation)."""
-        for num_rows, seconds in sorted(samples.items()):
-            self.observe(num_rows, seconds)
+        """Take measured ``{num_rows: seconds}`` as the prior: interpolated at every knot, extended
+        past the last sample with the slope of the last two."""
+        if not samples:
+            return
+        xs = np.array(sorted(samples), dtype=np.float64)
+        ys = np.array([samples[x] for x in sorted(samples)], dtype=np.float64)
+        rows = np.array(self.knots, dtype=np.float64)
+        prior = np.interp(rows, xs, ys)
+        if len(xs) >= 2:
+            beyond = rows > xs[-1]
+            prior[beyond] = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (rows[beyond] - xs[-1])
+        self.prior = [float(p) for p in prior]
 
     def snapshot(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> dict[int, float]:
         """``{num_rows: predicted milliseconds}`` at ``rows`` within the model's range (a fixed
         model: multiples of a one-row step)."""
-        if not any(v is not None for v in self.values):
+        if not self._known():
             return {}
         scale = 1.0 if self.frozen else 1e3
         return {r: round(self.seconds(r) * scale, 3) for r in rows if r <= self.knots[-1]}
@@ -136,10 +158,21 @@ class StepCostModel:
         unit = "x a 1-row step" if self.frozen else "ms"
         return ", ".join(f"{r}: {ms:g} {unit}" for r, ms in self.snapshot(rows).items()) or "not measured yet"
 
+    def _estimate(self, k: int) -> float | None:
+        """Knot ``k``'s seconds: its measurements blended with the seed scaled by ``drift``."""
+        value, prior = self.values[k], self.prior[k]
+        if prior is None:
+            return value
+        prior *= self.drift
+        if value is None:
+            return prior
+        return (self.counts[k] * value + SEED_WEIGHT * prior) / (self.counts[k] + SEED_WEIGHT)
+
     def _known(self) -> list[tuple[int, float]]:
-        """Known knots with their values made non-decreasing in rows."""
+        """Known knots with their estimates made non-decreasing in rows."""
         known, top = [], 0.0
-        for x, y in zip(self.knots, self.values):
+        for k, x in enumerate(self.knots):
+            y = self._estimate(k)
             if y is not None:
                 top = max(top, y)
                 known.append((x, top))
@@ -148,18 +181,19 @@ class StepCostModel:
     def _slope(self, x0: int, x1: int) -> float:
         """Seconds per row between knots ``x0`` and ``x1`` where both lie within the known range
         (0 elsewhere: a measurement past the known range is not carried along an extrapolation)."""
-        known = [x for x, v in zip(self.knots, self.values) if v is not None]
-        if x1 == x0 or len(known) < 2 or x0 < known[0] or x1 > known[-1]:
+        known = self._known()
+        if x1 == x0 or len(known) < 2 or x0 < known[0][0] or x1 > known[-1][0]:
             return 0.0
         return max(0.0, (self.seconds(x1) - self.seconds(x0)) / (x1 - x0))
 
 
 @torch.inference_mode()
 def measure_step_seconds(target, block_manager, rows: list[int], context_len: int = 128,
-                         repeats: int = 2) -> dict[int, float]:
-    """``{num_rows: seconds}``: the best of ``repeats`` timed forwards (after a warm-up) of a
-    throw-away sequence of ``context_len`` cached tokens plus ``num_rows`` new ones, logits over
-    every row. Its blocks are freed after; empty when the KV cache cannot hold it."""
+                         repeats: int = 3) -> dict[int, float]:
+    """``{num_rows: seconds}``: the best of ``repeats`` timed forwards of a throw-away sequence of
+    ``context_len`` cached tokens plus ``num_rows`` new ones, logits over every row. The row
+    counts take turns (after a warm-up round), so a busy moment of the machine hits them alike.
+    Its blocks are freed after; empty when the KV cache cannot hold it."""
     rows = sorted({r for r in rows if r >= 1})
     if not rows or context_len < 1:
         return {}
@@ -167,18 +201,21 @@ def measure_step_seconds(target, block_manager, rows: list[int], context_len: in
         if dummy is None:
             return {}
         target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
-        return {r: _best_time(target, dummy.block_ids, context_len, r, repeats) for r in rows}
+        best = {r: float("inf") for r in rows}
+        for round_ in range(repeats + 1):
+            for r in rows:
+                seconds = _time_step(target, dummy.block_ids, context_len, r)
+                if round_ > 0:
+                    best[r] = min(best[r], seconds)
+        return best
 
 
-def _best_time(target, block_ids: list[int], context_len: int, num_rows: int, repeats: int) -> float:
+def _time_step(target, block_ids: list[int], context_len: int, num_rows: int) -> float:
     batch = [ForwardInput([0] * num_rows, context_len, block_ids)]
-    samples = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        hidden, _, _ = target.forward(batch)
-        target.compute_logits(hidden).max(dim=-1).indices.tolist()
-        samples.append(time.perf_counter() - start)
-    return min(samples[1:])
+    start = time.perf_counter()
+    hidden, _, _ = target.forward(batch)
+    target.compute_logits(hidden).max(dim=-1).indices.tolist()
+    return time.perf_counter() - start
 
 
 def fixed_row_cost() -> float | None:
