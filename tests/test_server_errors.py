@@ -155,3 +155,39 @@ def test_failing_step_fails_its_request_with_500_and_server_keeps_serving(tiny_m
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_engine_is_built_and_stepped_on_one_thread(tiny_model_dir):
+    """The server builds its engine on the thread that steps it (one OpenMP team), and an engine
+    that cannot be built raises in the caller, before any port is bound."""
+    import asyncio
+
+    from draftwise.config import EngineConfig
+    from draftwise.engine.engine import LLMEngine
+    from draftwise.sampling_params import SamplingParams
+    from draftwise.server.async_engine import AsyncEngine
+
+    threads = []
+
+    def make_engine():
+        threads.append(threading.current_thread())
+        engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), dtype="float32"))
+        real_step = engine.step
+        engine.step = lambda: threads.append(threading.current_thread()) or real_step()
+        return engine
+
+    async_engine = AsyncEngine.build(make_engine)
+    async_engine.start()
+
+    async def generate():
+        handle = await async_engine.add_request("one-thread", "hello", SamplingParams(max_tokens=4))
+        return [out async for out in handle.outputs()][-1]
+
+    try:
+        assert len(asyncio.run(generate()).outputs[0].token_ids) == 4
+    finally:
+        async_engine.stop()
+    assert threads[0] is not threading.main_thread() and len(threads) > 2
+    assert all(t is threads[0] for t in threads)
+    with pytest.raises(ValueError, match="max_model_len"):
+        AsyncEngine.build(lambda: LLMEngine(EngineConfig(model=str(tiny_model_dir), max_model_len=10 ** 9)))

@@ -21,11 +21,11 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(message)s")
     config = EngineConfig.from_kwargs(**engine_kwargs)
-    engine = LLMEngine(config)
     names = args.served_model_name or [args.model or SMOLLM2_NAME]
-    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model_path)
     metrics = ServerMetrics(names[0])
-    app = build_app(AsyncEngine(engine, metrics), names, tokenizer, api_key=args.api_key, metrics=metrics)
+    engine = AsyncEngine.build(lambda: LLMEngine(config), metrics)  # built on the thread that steps it
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model_path)
+    app = build_app(engine, names, tokenizer, api_key=args.api_key, metrics=metrics)
     spec = config.speculative.to_dict() if config.speculative else None
     logger.info("draftwise: serving %s as %s on http://%s:%d (speculative config: %s)",
                 config.model_path, names, args.host, args.port, spec)
