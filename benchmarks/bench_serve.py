@@ -9,7 +9,8 @@ prompts from ``draftwise.workloads``) until ``max(c, --min-requests)`` requests 
 requests/s, output tokens/s, speedup over ``none``, and percentiles of TTFT (time to the first
 content chunk), TPOT (per request: time after the first chunk / tokens after the first) and
 ITL (gaps between streamed chunks, vLLM's definition: a chunk may carry several tokens when
-drafts were accepted). The client is a small stdlib SSE reader, to keep its CPU use low.
+drafts were accepted), and the level's prefix-cache hit rate (prompt tokens read from the cache,
+from the server's ``/metrics``). The client is a small stdlib SSE reader, to keep its CPU use low.
 
     python benchmarks/bench_serve.py --methods none,ngram --concurrency 1,8,32
 """
@@ -43,6 +44,7 @@ class Sample:
 class Level:
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
+    prefix_hit_rate: float = float("nan")  # prompt tokens served from the prefix cache, this level
 
     @property
     def num_tokens(self) -> int:
@@ -101,6 +103,28 @@ async def run_level(port: int, prompts, concurrency: int, num_requests: int, max
     return level
 
 
+def prefix_cache_counters(port: int) -> tuple[float, float]:
+    """The server's prefix-cache (queries, hits) counters, in prompt tokens."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("queries", "hits"):
+            if line.startswith(f"draftwise:prefix_cache_{name}_total"):
+                values[name] = float(line.split()[-1])
+    return values.get("queries", 0.0), values.get("hits", 0.0)
+
+
+def measure_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
+                  time_limit: float) -> Level:
+    queries, hits = prefix_cache_counters(port)
+    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit))
+    new_queries, new_hits = prefix_cache_counters(port)
+    if new_queries > queries:
+        level.prefix_hit_rate = (new_hits - hits) / (new_queries - queries)
+    return level
+
+
 def start_server(args, spec: dict | None, log) -> tuple[subprocess.Popen, int]:
     import socket
 
@@ -139,7 +163,7 @@ def pct(values: list[float], q: float) -> float:
 
 def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency: list[int]) -> None:
     print(f"{'conc':>4} {'method':<7} {'reqs':>4} {'req/s':>6} {'tok/s':>7} {'speedup':>7}  "
-          f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}")
+          f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}  {'cached':>6}")
     for c in concurrency:
         base = levels[(c, methods[0])]
         for method in methods:
@@ -152,7 +176,7 @@ def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency
             print(f"{c:>4} {method:<7} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
                   f"{speedup:>6.2f}x  {pct(ttft, .5):>6.0f} {pct(ttft, .9):>6.0f} {pct(ttft, .99):>7.0f}  "
                   f"{pct(tpot, .5):>6.1f} {pct(tpot, .9):>6.1f} {pct(tpot, .99):>7.1f}  "
-                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}")
+                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  {100 * lv.prefix_hit_rate:>5.0f}%")
 
 
 def main() -> None:
@@ -191,8 +215,8 @@ def main() -> None:
         for c in args.concurrency:
             for method in methods:
                 num = max(c, args.min_requests)
-                levels[(c, method)] = asyncio.run(run_level(servers[method][1], prompts, c, num, args.max_tokens,
-                                                            args.time_limit))
+                levels[(c, method)] = measure_level(servers[method][1], prompts, c, num, args.max_tokens,
+                                                    args.time_limit)
         report(levels, methods, args.concurrency)
         print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
