@@ -35,6 +35,9 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="share the KV of common prompt prefixes between requests (default: on)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="build the previous step's outputs on a worker thread while each forward runs")
+    parser.add_argument("--decode-stall-factor", type=float, default=None,
+                        help="while sequences decode, bound the prefill joining a step so the step takes at most "
+                             "this many times the decode-only step (e.g. 2; default: no bound)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -46,7 +49,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 speculative_config=json_flag("--speculative-config", args.speculative_config),
                 additional_config=json_flag("--additional-config", args.additional_config),
                 compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
-                async_scheduling=args.async_scheduling, enable_prefix_caching=args.enable_prefix_caching)
+                async_scheduling=args.async_scheduling, enable_prefix_caching=args.enable_prefix_caching,
+                decode_stall_factor=args.decode_stall_factor)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

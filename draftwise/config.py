@@ -37,6 +37,9 @@ class EngineConfig:
     enforce_eager: bool = False
     enable_prefix_caching: bool | None = None  # None: on (as in vLLM) where the method allows it
     async_scheduling: bool = False  # overlap a step's forward with the previous step's output building
+    # while sequences decode, a step with prefill may take at most this many times the decode-only step
+    # (predicted by the step-cost model); None: prefill chunks fill max_num_batched_tokens, as in vLLM
+    decode_stall_factor: float | None = None
     compilation_config: dict | str | int | CompilationConfig | None = None
     tensor_parallel_size: int = 1
     speculative_config: dict | str | None = None
@@ -73,6 +76,10 @@ class EngineConfig:
                              "draftwise runs on a single device (use 1)")
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
+        if self.decode_stall_factor is not None and (isinstance(self.decode_stall_factor, bool) or not isinstance(
+                self.decode_stall_factor, (int, float)) or not self.decode_stall_factor >= 1.0):
+            raise ValueError(f"decode_stall_factor must be a number >= 1 or None (no bound), "
+                             f"got {self.decode_stall_factor!r}")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         if not isinstance(self.enforce_eager, bool):

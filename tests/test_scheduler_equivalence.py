@@ -7,7 +7,7 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.scheduler import MIN_PREFILL_CHUNK, STALL_FACTOR
+from draftwise.engine.scheduler import MIN_PREFILL_CHUNK
 from draftwise.engine.step_cost import StepCostModel
 
 # Different lengths so that requests finish at different steps; PROMPTS[3] is the EOS
@@ -140,11 +140,11 @@ def test_staggered_add_request_equals_alone(tiny_llm, alone):
 
 
 def test_long_prompts_do_not_stall_decodes(tiny_model_dir, tiny_llm, alone):
-    """While sequences decode, each step takes only the prefill the step-cost model allows (a step
-    at most STALL_FACTOR times the decode-only step); outputs are unchanged."""
+    """With decode_stall_factor, while sequences decode each step takes only the prefill the
+    step-cost model allows (a step at most that many times the decode-only step); outputs are unchanged."""
     long_prompts = [" ".join([PROMPTS[i]] * 6) for i in (1, 5)]
     expected = [o.outputs[0].token_ids for o in tiny_llm.generate(long_prompts, greedy(12), use_tqdm=False)]
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=512)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=512, decode_stall_factor=2)
     engine = llm.llm_engine
     cost = StepCostModel.fixed(0.02, 512)  # a step of r rows costs 1 + 0.02 (r - 1)
     engine.scheduler.step_cost = cost
@@ -171,7 +171,7 @@ def test_long_prompts_do_not_stall_decodes(tiny_model_dir, tiny_llm, alone):
     held = [(d, p) for d, p in steps if d and p]
     assert len(held) >= 3  # the long prompts were prefilled in chunks beside the decodes
     for decode, prefill in held:
-        allowed = cost.max_rows_within(STALL_FACTOR * cost.seconds(decode), 512) - decode
+        allowed = cost.max_rows_within(2 * cost.seconds(decode), 512) - decode
         assert prefill <= max(MIN_PREFILL_CHUNK, allowed)
 
 
@@ -210,3 +210,9 @@ def test_abort_request(tiny_llm, alone):
     engine.abort_request("abort-keep")
     engine.abort_request("never-added")
     assert tiny_llm.generate(PROMPTS[2], params[2], use_tqdm=False)[0].outputs[0].token_ids == alone[2]
+
+
+@pytest.mark.parametrize("bad", [0.5, "2", True, float("nan")])
+def test_decode_stall_factor_is_checked(tiny_model_dir, bad):
+    with pytest.raises(ValueError, match="decode_stall_factor must be a number >= 1"):
+        LLM(model=str(tiny_model_dir), dtype="float32", decode_stall_factor=bad)

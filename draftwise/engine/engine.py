@@ -15,8 +15,8 @@ the next step verifies them in the same target forward that decodes, and
 ``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
 
 Every step's forward is timed into a ``StepCostModel`` (seeded at start-up),
-which prices rows for the draft-length policy and bounds the prefill that
-joins a step while sequences decode.
+which prices rows for the draft-length policy and (``decode_stall_factor``)
+bounds the prefill that joins a step while sequences decode.
 
 Every KV tensor (the target's and a drafter's) comes from one ``KVPool``,
 sized together for ``kv_cache_memory_bytes``.
@@ -89,7 +89,8 @@ class LLMEngine:
         if self.speculator:
             self.speculator.bind(pool)
             self.speculator.price_with(self.step_cost)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched, self.step_cost)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched, self.step_cost,
+                                   config.decode_stall_factor)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, _Request] = {}
         self._seed_rng = random.Random(config.seed)

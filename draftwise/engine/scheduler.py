@@ -7,11 +7,13 @@ never preempting anyone, when budget or KV blocks run short. Prefill comes
 next: the next chunks of unfinished prefills, then waiting sequences admitted
 while budget and KV blocks last, their prompts chunked to fit, oldest first.
 
-Decodes never stall behind a long prompt: while sequences decode, the prefill
-joining a step is bounded so that the step is predicted to take at most
-``STALL_FACTOR`` times the decode-only step (``StepCostModel``, learned from
-the engine's own steps), and at least ``MIN_PREFILL_CHUNK`` tokens so prompts
-always progress. Without decodes, prefill takes the whole budget. When a running
+With ``decode_stall_factor`` set, a long prompt does not stall running
+streams: while sequences decode, the prefill joining a step is bounded so that
+the step is predicted to take at most that many times the decode-only step
+(``StepCostModel``, learned from the engine's own steps), and at least
+``MIN_PREFILL_CHUNK`` tokens so prompts always progress. Without decodes,
+prefill takes the whole budget. (Off by default: small prefill chunks cost
+more per token, so the bound trades throughput for inter-token latency.) When a running
 sequence cannot get a block, the most recently admitted running sequence is
 preempted: its blocks are freed and it goes back to the front of the queue to
 be recomputed (prompt + output so far) later. Outputs do not change because
@@ -29,7 +31,6 @@ from ..paged import BlockManager
 from ..sequence import Sequence, SequenceStatus
 from .step_cost import StepCostModel
 
-STALL_FACTOR = 2.0  # a step with prefill may take this many times the decode-only step
 MIN_PREFILL_CHUNK = 16  # prefill tokens a step may always take
 
 
@@ -66,9 +67,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 step_cost: StepCostModel | None = None):
+                 step_cost: StepCostModel | None = None, decode_stall_factor: float | None = None):
         self.block_manager = block_manager
         self.step_cost = step_cost
+        self.decode_stall_factor = decode_stall_factor
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -115,10 +117,10 @@ class Scheduler:
 
     def _prefill_budget(self, num_decode_rows: int, budget: int) -> int:
         """Prefill tokens that may join a step of ``num_decode_rows`` decode (and draft) rows."""
-        cost = self.step_cost
-        if num_decode_rows == 0 or cost is None or not cost.ready or cost.free:
+        cost, factor = self.step_cost, self.decode_stall_factor
+        if num_decode_rows == 0 or factor is None or cost is None or not cost.ready or cost.free:
             return budget
-        within = cost.max_rows_within(STALL_FACTOR * cost.seconds(num_decode_rows), num_decode_rows + budget)
+        within = cost.max_rows_within(factor * cost.seconds(num_decode_rows), num_decode_rows + budget)
         return max(MIN_PREFILL_CHUNK, within - num_decode_rows)
 
     def _reserve(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
