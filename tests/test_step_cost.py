@@ -84,6 +84,8 @@ def test_engine_learns_from_its_steps(tiny_model_dir, monkeypatch):
     before = list(model.counts)
     llm.generate(["hello there", "a longer prompt with some more words in it"], use_tqdm=False)
     assert model.counts[1] > before[1] + 5  # the two-row decode steps were folded in
+    decode = llm.llm_engine.decode_cost  # prices drafts: learns only from steps without prefill
+    assert 5 < sum(decode.counts) < sum(model.counts) and decode.counts[-1] == 0
 
 
 def test_row_cost_env_fixes_the_model(tiny_model_dir, monkeypatch):

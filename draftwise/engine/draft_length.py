@@ -8,7 +8,7 @@ make decoding slower than plain. ``DraftLengthPolicy`` prices drafts for the
 whole batch with two estimates:
 
 * ``StepCostModel.seconds(num_rows)`` (``step_cost.py``): the time of a step
-  of that many rows, learned from the engine's own steps.
+  of that many rows, learned from the engine's own steps without prefill.
 * the expected gain of each draft: the chance that it and every draft before
   it are accepted. By default ``alpha ** (j + 1)`` for a sequence's
   ``(j + 1)``-th draft, where ``alpha`` is the sequence's own acceptance rate
@@ -20,7 +20,7 @@ whole batch with two estimates:
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows
-(those decodes plus any prefill chunks) cost ``seconds(base)``; adding the
+(those decodes) cost ``seconds(base)``; adding the
 ``m`` drafts with the largest gains yields ``sum(gains)`` more tokens for
 ``seconds(base + m)``. Since a sequence's gains shrink with depth, the best set
 of ``m`` drafts is the ``m`` largest gains, and the best ``m`` is found in one

@@ -14,9 +14,10 @@ With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
 the next step verifies them in the same target forward that decodes, and
 ``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
 
-Every step's forward is timed into a ``StepCostModel`` (seeded at start-up),
-which prices rows for the draft-length policy and (``decode_stall_factor``)
-bounds the prefill that joins a step while sequences decode.
+Every step's forward is timed into ``StepCostModel``s (seeded at start-up):
+the one of steps without prefill prices rows for the draft-length policy, the
+one of every step (``decode_stall_factor``) bounds the prefill that joins a
+step while sequences decode.
 
 Every KV tensor (the target's and a drafter's) comes from one ``KVPool``,
 sized together for ``kv_cache_memory_bytes``.
@@ -85,10 +86,10 @@ class LLMEngine:
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = self._compile(paged, max_batched)
-        self.step_cost = self._step_cost_model(paged, max_batched)
+        self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)
-            self.speculator.price_with(self.step_cost)
+            self.speculator.price_with(self.decode_cost)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, max_batched, self.step_cost,
                                    config.decode_stall_factor)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len)
@@ -125,18 +126,22 @@ class LLMEngine:
 
         return log_compile(compiled.warm_up_sizes(), compile_one)
 
-    def _step_cost_model(self, paged: PagedModel, max_num_tokens: int) -> StepCostModel:
-        """The step-cost model, seeded with a few timed forwards (``DRAFTWISE_VERIFY_ROW_COST`` fixes
-        it instead: see ``step_cost.py``)."""
+    def _step_cost_models(self, paged: PagedModel, max_num_tokens: int) -> tuple[StepCostModel, StepCostModel]:
+        """Two step-cost models seeded with the same timed forwards: one learns from every step (it
+        bounds prefill), one only from steps without prefill (it prices drafts: a decode or verify
+        row of a long context costs more than a prefill row, so prefill steps would under-price
+        them). ``DRAFTWISE_VERIFY_ROW_COST`` fixes both instead (see ``step_cost.py``)."""
         row_cost = fixed_row_cost()
         if row_cost is not None:
-            return StepCostModel.fixed(row_cost, max_num_tokens)
-        model = StepCostModel(max_num_tokens)
+            return StepCostModel.fixed(row_cost, max_num_tokens), StepCostModel.fixed(row_cost, max_num_tokens)
         context_len = min(128, self.max_model_len // 2)
         k = self.speculator.num_spec_tokens if self.speculator else 1
         rows = [r for r in (1, 2, k + 1, 16, 64, 256) if r <= min(max_num_tokens, self.max_model_len - context_len)]
-        model.seed(measure_step_seconds(paged, self.block_manager, rows, context_len))
-        return model
+        samples = measure_step_seconds(paged, self.block_manager, rows, context_len)
+        models = StepCostModel(max_num_tokens), StepCostModel(max_num_tokens)
+        for model in models:
+            model.seed(samples)
+        return models
 
     def _prefix_caching(self) -> bool:
         """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
@@ -223,14 +228,15 @@ class LLMEngine:
         """Run the planned step on the target, timing it into the step-cost model."""
         start = time.perf_counter()
         result = self.runner.execute(plan.scheduled, self.speculator.needs if self.speculator else None)
-        self.step_cost.observe(plan.num_batched_tokens, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.step_cost.observe(plan.num_batched_tokens, seconds)
+        if all(item.num_new_tokens == 1 and item.samples for item in plan.scheduled):  # no prefill
+            self.decode_cost.observe(plan.num_batched_tokens, seconds)
         return result
 
     def _apply(self, plan: SchedulerOutput, result: StepResult) -> list[str]:
         """Apply a step's tokens: cache, stop conditions, next drafts, releases. Returns the ids of
         the requests it advanced (everything the next schedule depends on happens here)."""
-        # drafts are priced beside the next step's prefill, taken to be like this step's
-        num_prefill_rows = sum(item.num_new_tokens for item in plan.scheduled if not item.samples)
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         for seq, num_accepted in zip(result.seqs, result.num_accepted):
@@ -244,7 +250,7 @@ class LLMEngine:
         for item in plan.scheduled:  # their full computed blocks become shareable
             self.block_manager.cache_computed(item.seq)
         if spec:  # before finished sequences are released: their last rows still count
-            spec.propose(result, num_prefill_rows)
+            spec.propose(result)
         for seq in finished:
             self._release(seq)
         return list(dict.fromkeys(s.request_id for s in result.seqs))

@@ -71,13 +71,13 @@ class Speculator:
             self.stats.add(step)
             self.logger.record(step)
 
-    def propose(self, result: StepResult, num_prefill_rows: int = 0) -> None:
-        """Draft for the sequences of ``result`` still running; ``num_prefill_rows``: the prefill
-        rows expected beside their decodes next step (the drafts' rows are priced on top)."""
+    def propose(self, result: StepResult) -> None:
+        """Draft for the sequences of ``result`` still running (their drafts are priced on top of
+        one decode row each)."""
         seqs = [seq for seq in result.seqs if not seq.is_finished]
         if not seqs and result.target_hidden is None:
             return  # (a proposer reading hidden states still sees the rows of prefill chunks)
-        num_base_rows = len(seqs) + num_prefill_rows
+        num_base_rows = len(seqs)
         limits = self.policy.limits(seqs, [self._max_num_drafts(seq) for seq in seqs], num_base_rows)
         limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
