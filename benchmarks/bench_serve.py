@@ -191,6 +191,8 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per (level, method)")
+    parser.add_argument("--log-dir", default=None, help="keep each server's log here as METHOD.log "
+                        "(default: a temporary directory, deleted at the end)")
     parser.add_argument("--server-args", default="", help="extra draftwise serve flags, e.g. "
                         "'--max-num-batched-tokens 512'")
     args = parser.parse_args()
@@ -200,12 +202,15 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat"
           f"{'; server flags: ' + args.server_args if args.server_args else ''}")
-    servers, logs = {}, tempfile.TemporaryDirectory()
+    logs = tempfile.TemporaryDirectory()
+    log_dir = args.log_dir or logs.name
+    os.makedirs(log_dir, exist_ok=True)
+    servers = {}
     try:
         for method in methods:
             spec = None if method == "none" else json.loads(args.speculative_config) if method == "ngram" \
                 else {"method": method, "num_speculative_tokens": 5}
-            log = open(os.path.join(logs.name, f"{method}.log"), "w")
+            log = open(os.path.join(log_dir, f"{method}.log"), "w")
             servers[method] = start_server(args, spec, log)
             print(f"{method}: speculative_config {spec}")
         for method, (proc, port) in servers.items():
