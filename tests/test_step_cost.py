@@ -78,14 +78,24 @@ def test_start_up_seed_is_sane_and_frees_its_blocks(tiny_llm):
 
 def test_engine_learns_from_its_steps(tiny_model_dir, monkeypatch):
     monkeypatch.delenv("DRAFTWISE_VERIFY_ROW_COST")
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64)
+    prompts = ["hello there", "a longer prompt with some more words in it"]
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, decode_stall_factor=2)
     model = llm.llm_engine.step_cost
     assert model.ready and not model.frozen  # seeded at start-up
     before = list(model.counts)
-    llm.generate(["hello there", "a longer prompt with some more words in it"], use_tqdm=False)
+    llm.generate(prompts, use_tqdm=False)
     assert model.counts[1] > before[1] + 5  # the two-row decode steps were folded in
-    decode = llm.llm_engine.decode_cost  # prices drafts: learns only from steps without prefill
-    assert 5 < sum(decode.counts) < sum(model.counts) and decode.counts[-1] == 0
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", max_num_batched_tokens=64, decode_stall_factor=2,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+    llm.generate(prompts, use_tqdm=False)
+    model, decode = llm.llm_engine.step_cost, llm.llm_engine.decode_cost  # decode: prices drafts, learns
+    assert 5 < sum(decode.counts) < sum(model.counts) and decode.counts[-1] == 0  # no prefill steps
+
+
+def test_nothing_is_timed_without_a_reader(tiny_model_dir, monkeypatch):
+    monkeypatch.delenv("DRAFTWISE_VERIFY_ROW_COST")
+    engine = LLM(model=str(tiny_model_dir), dtype="float32").llm_engine  # no drafts to price, no prefill bound
+    assert not engine.step_cost.ready and not engine.decode_cost.ready
 
 
 def test_row_cost_env_fixes_the_model(tiny_model_dir, monkeypatch):

@@ -134,14 +134,24 @@ class LLMEngine:
         row_cost = fixed_row_cost()
         if row_cost is not None:
             return StepCostModel.fixed(row_cost, max_num_tokens), StepCostModel.fixed(row_cost, max_num_tokens)
-        context_len = min(128, self.max_model_len // 2)
-        k = self.speculator.num_spec_tokens if self.speculator else 1
-        rows = [r for r in (1, 2, k + 1, 16, 64, 256) if r <= min(max_num_tokens, self.max_model_len - context_len)]
-        samples = measure_step_seconds(paged, self.block_manager, rows, context_len)
         models = StepCostModel(max_num_tokens), StepCostModel(max_num_tokens)
-        for model in models:
-            model.seed(samples)
+        if self._prices_drafts or self._bounds_prefill:  # their only readers: otherwise nothing is timed
+            context_len = min(128, self.max_model_len // 2)
+            k = self.speculator.num_spec_tokens if self.speculator else 1
+            limit = min(max_num_tokens, self.max_model_len - context_len)
+            samples = measure_step_seconds(paged, self.block_manager, [r for r in (1, 2, k + 1, 16, 64, 256)
+                                                                       if r <= limit], context_len)
+            for model in models:
+                model.seed(samples)
         return models
+
+    @property
+    def _prices_drafts(self) -> bool:
+        return self.speculator is not None
+
+    @property
+    def _bounds_prefill(self) -> bool:
+        return self.config.decode_stall_factor is not None
 
     def _prefix_caching(self) -> bool:
         """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
@@ -225,13 +235,14 @@ class LLMEngine:
         return outputs
 
     def _execute(self, plan: SchedulerOutput) -> StepResult:
-        """Run the planned step on the target, timing it into the step-cost model."""
+        """Run the planned step on the target, timing it into the step-cost models in use."""
         start = time.perf_counter()
         result = self.runner.execute(plan.scheduled, self.speculator.needs if self.speculator else None)
         seconds = time.perf_counter() - start
-        self.step_cost.observe(plan.num_batched_tokens, seconds)
-        if all(item.num_new_tokens == 1 and item.samples for item in plan.scheduled):  # no prefill
-            self.decode_cost.observe(plan.num_batched_tokens, seconds)
+        if self._bounds_prefill:
+            self.step_cost.observe(plan.num_batched_tokens, seconds)
+        if self._prices_drafts and all(item.num_new_tokens == 1 and item.samples for item in plan.scheduled):
+            self.decode_cost.observe(plan.num_batched_tokens, seconds)  # a step without prefill
         return result
 
     def _apply(self, plan: SchedulerOutput, result: StepResult) -> list[str]:
