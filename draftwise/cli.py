@@ -38,6 +38,11 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-stall-factor", type=float, default=None,
                         help="while sequences decode, bound the prefill joining a step so the step takes at most "
                              "this many times the decode-only step (e.g. 2; default: no bound)")
+    limits = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
+    limits.add_argument("--max-n", type=int, default=128, help="choices (sequences) per request")
+    limits.add_argument("--max-logprobs", type=int, default=20, help="top logprobs per token (vLLM's flag)")
+    limits.add_argument("--max-stop-strings", type=int, default=64, help="stop strings per request")
+    limits.add_argument("--max-stop-string-length", type=int, default=1024, help="characters per stop string")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -50,7 +55,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 additional_config=json_flag("--additional-config", args.additional_config),
                 compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
                 async_scheduling=args.async_scheduling, enable_prefix_caching=args.enable_prefix_caching,
-                decode_stall_factor=args.decode_stall_factor)
+                decode_stall_factor=args.decode_stall_factor, max_n=args.max_n, max_logprobs=args.max_logprobs,
+                max_stop_strings=args.max_stop_strings, max_stop_string_length=args.max_stop_string_length)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

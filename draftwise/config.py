@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from .compilation.config import CompilationConfig
+from .engine.request_checks import RequestLimits
 from .kv_transfer import KVTransferConfig
 from .sample.verify_config import RejectionSamplerConfig
 from .spec_decode.config import SpeculativeConfig
@@ -47,6 +48,11 @@ class EngineConfig:
     kv_transfer_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
+    # per-request caps that protect the pool (engine/request_checks.py); max_logprobs is vLLM's
+    max_n: int = 128
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024
     # Derived: the validated speculative and compilation configs; the verify rules that act at its draft length
     # (additional_config["rejection_sampler_config"]); the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)
@@ -71,6 +77,9 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 _int_at_least(name, getattr(self, name), 1)
         _int_at_least("tensor_parallel_size", self.tensor_parallel_size, 1)
+        for name in ("max_n", "max_stop_strings", "max_stop_string_length"):
+            _int_at_least(name, getattr(self, name), 1)
+        _int_at_least("max_logprobs", self.max_logprobs, 0)
         if self.tensor_parallel_size > 1:
             raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: "
                              "draftwise runs on a single device (use 1)")
@@ -101,6 +110,10 @@ class EngineConfig:
         if self.speculative:
             verify = verify.for_num_speculative_tokens(self.speculative.num_speculative_tokens)
         self.rejection_sampler = verify
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_n, self.max_logprobs, self.max_stop_strings, self.max_stop_string_length)
 
     @property
     def torch_device(self) -> torch.device:

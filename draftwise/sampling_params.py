@@ -1,14 +1,21 @@
 """SamplingParams: how one request is sampled and when it stops (vLLM-compatible).
 
 Validation happens at construction: every invalid value raises ``ValueError``
-naming the field and the allowed range. ``temperature == 0`` means greedy.
-``top_k`` of 0 or -1 disables top-k.
+naming the field (``SamplingParams.<field>=...``) and the allowed range. Every
+integer must fit the engine's int64 tensors, seeds included: sequence ``i`` of
+a request samples with ``seed + i``, so ``seed + n - 1`` must fit too. Stop
+strings must be encodable text (no lone surrogates). What depends on the model
+(token ids inside the vocabulary, the context length) and the server's caps is
+checked by ``engine/request_checks.py`` when the request is added.
+``temperature == 0`` means greedy. ``top_k`` of 0 or -1 disables top-k.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 @dataclass
@@ -34,32 +41,30 @@ class SamplingParams:
     stop_strings: list[str] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, "n", self.n, "an int >= 1")
+        _check(_is_int(self.n, 1), "n", self.n, "an int >= 1")
         _check(_is_num(self.temperature) and self.temperature >= 0, "temperature",
                self.temperature, "a number >= 0 (0 = greedy)")
         _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", self.top_k,
-               "an int >= 1, or 0/-1 to disable")
+        _check(_is_int(self.top_k, -1), "top_k", self.top_k, "an int >= 1, or 0/-1 to disable")
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an int or None")
+        if self.seed is not None:
+            _check(_is_int(self.seed, INT64_MIN, INT64_MAX - self.n + 1), "seed", self.seed,
+                   f"an int in [{INT64_MIN}, {INT64_MAX} - n + 1] (sequence i samples with seed + i)")
         if self.max_tokens is not None:
-            _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-                   self.max_tokens, "an int >= 1")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens",
-               self.min_tokens, "an int >= 0")
+            _check(_is_int(self.max_tokens, 1), "max_tokens", self.max_tokens, "an int >= 1")
+        _check(_is_int(self.min_tokens, 0), "min_tokens", self.min_tokens, "an int >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
+            _check(False, "min_tokens", self.min_tokens, f"<= max_tokens={self.max_tokens}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(_is_num(value) and -2 <= value <= 2, name, value, "in [-2, 2]")
         _check(_is_num(self.repetition_penalty) and self.repetition_penalty > 0,
                "repetition_penalty", self.repetition_penalty, "a number > 0")
         if self.logprobs is not None:
-            _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs",
-                   self.logprobs, "an int >= 0 or None")
+            _check(_is_int(self.logprobs, 0), "logprobs", self.logprobs, "an int >= 0 or None")
         self.stop_strings = _normalize_stop(self.stop)
         ids = self.stop_token_ids or []
-        _check(all(isinstance(t, int) and t >= 0 for t in ids), "stop_token_ids",
+        _check(isinstance(ids, (list, tuple)) and all(_is_int(t, 0) for t in ids), "stop_token_ids",
                self.stop_token_ids, "a list of non-negative ints")
         self.stop_token_ids = list(ids)
         if self.temperature < _GREEDY_EPS:
@@ -76,12 +81,26 @@ class SamplingParams:
 
 
 def _is_num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (not a bool, NaN, an infinity, or an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) < 1e300 if isinstance(value, int) else math.isfinite(value)
+
+
+def _is_int(value, lo: int, hi: int = INT64_MAX) -> bool:
+    """An int (not a bool) in [lo, hi]; ``hi`` defaults to what an int64 tensor holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
 
 
 def _check(ok: bool, name: str, value, allowed: str) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name}={value!r} is invalid: must be {allowed}")
+        raise ValueError(f"SamplingParams.{name}={short_repr(value)} is invalid: must be {allowed}")
+
+
+def short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: error messages never echo a huge input."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _normalize_stop(stop) -> list[str]:
@@ -90,6 +109,19 @@ def _normalize_stop(stop) -> list[str]:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise ValueError(f"SamplingParams.stop={stop!r} is invalid: must be a non-empty string "
+        raise ValueError(f"SamplingParams.stop={short_repr(stop)} is invalid: must be a non-empty string "
                          "or a list of non-empty strings")
+    for text in stop:
+        if not is_encodable(text):
+            raise ValueError(f"SamplingParams.stop={short_repr(text)} is invalid: must be valid Unicode text "
+                             "(it holds a lone surrogate)")
     return list(stop)
+
+
+def is_encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (UTF-8 encodable: no lone surrogates such as ``\\ud800``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -162,3 +162,35 @@ def _generate_error_within(llm, prompt, params, timeout: float):
     thread.join(timeout=timeout)
     assert not thread.is_alive(), "generate() hangs instead of raising"
     return result["error"]
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (dict(stop_token_ids=[10**6], min_tokens=2), "stop_token_ids"),  # outside the vocabulary
+        (dict(n=129), "n"),
+        (dict(logprobs=21), "logprobs"),
+        (dict(stop=[f"s{i}" for i in range(65)]), "stop"),
+        (dict(stop=["x" * 1025]), "stop"),
+    ],
+)
+def test_requests_past_the_model_or_the_caps_are_refused(tiny_llm, reference, params, field):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}="):
+        tiny_llm.generate(PROMPTS[0], SamplingParams(max_tokens=4, **params), use_tqdm=False)
+    _still_works(tiny_llm, reference)
+
+
+def test_prompt_with_a_lone_surrogate_is_refused(tiny_llm, reference):
+    with pytest.raises(ValueError, match="prompt.*lone surrogate"):
+        tiny_llm.generate("hello \ud800 world", greedy(4), use_tqdm=False)
+    _still_works(tiny_llm, reference)
+
+
+def test_caps_are_engine_arguments(tiny_model_dir):
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, max_n=2, max_logprobs=1)
+    with pytest.raises(ValueError, match=r"SamplingParams\.n=3 .*max_n"):
+        llm.generate(PROMPTS[0], SamplingParams(n=3, max_tokens=2), use_tqdm=False)
+    out = llm.generate(PROMPTS[0], SamplingParams(n=2, logprobs=1, max_tokens=2), use_tqdm=False)
+    assert len(out[0].outputs) == 2
+    with pytest.raises(ValueError, match="max_logprobs"):
+        LLM(model=str(tiny_model_dir), max_logprobs=-1)

@@ -219,3 +219,38 @@ def test_additive_penalties_reduce_repeats(tiny_llm, name):
     assert pen != base and neg != base
     assert sum(map(_num_repeats, pen)) < sum(map(_num_repeats, base))
     assert sum(map(_num_repeats, neg)) > sum(map(_num_repeats, base))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(seed=2**63), "seed"),
+        (dict(seed=2**63 - 1, n=2), "seed"),  # sequence 1 would sample with seed 2**63
+        (dict(seed=-2**63 - 1), "seed"),
+        (dict(top_k=2**64), "top_k"),
+        (dict(n=2**63), "n"),
+        (dict(max_tokens=2**70), "max_tokens"),
+        (dict(stop_token_ids=[2**64]), "stop_token_ids"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(repetition_penalty=10**400), "repetition_penalty"),
+        (dict(stop="end\ud800"), "stop"),
+        (dict(min_tokens=6, max_tokens=5), "min_tokens"),
+        (dict(n=True), "n"),
+    ],
+)
+def test_values_the_engine_cannot_represent_are_refused(kwargs, field):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}="):
+        SamplingParams(**kwargs)
+
+
+def test_int64_edges_are_accepted():
+    assert SamplingParams(seed=2**63 - 2, n=2).seed == 2**63 - 2
+    assert SamplingParams(seed=-2**63).seed == -2**63
+    assert SamplingParams(top_k=2**63 - 1).top_k == 2**63 - 1
+
+
+def test_error_messages_never_echo_a_huge_value():
+    with pytest.raises(ValueError) as exc:
+        SamplingParams(stop=["x" * 100_000 + "\ud800"])
+    assert len(str(exc.value)) < 300

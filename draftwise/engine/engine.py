@@ -45,6 +45,7 @@ from ..sequence import Sequence
 from ..spec_decode.interface import TargetInfo
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
+from .request_checks import check_prompt_text, check_request
 from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
 from .step_cost import StepCostModel, fixed_row_cost, measure_step_seconds
@@ -189,7 +190,8 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         if self.config.kv_transfer and self.config.kv_transfer.prefill_only:
             params = dataclasses.replace(params, max_tokens=1, min_tokens=0)  # a producer only prefills
-        self._check_fits(token_ids, params)
+        check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len,
+                      self.block_manager.num_blocks * self.block_manager.block_size, self.config.request_limits)
         arrival = arrival_time or time.time()
         seqs = []
         for i in range(params.n):
@@ -303,22 +305,8 @@ class LLMEngine:
                 raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
+        check_prompt_text(prompt)
         return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
-        if not token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.hf_config.vocab_size
-        if any(t < 0 or t >= vocab for t in token_ids):
-            raise ValueError(f"prompt_token_ids must be in [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len="
-                             f"{self.max_model_len} allows (it must leave room for one output token)")
-        longest = min(self.max_model_len, len(token_ids) + (params.max_tokens or self.max_model_len))
-        capacity = self.block_manager.num_blocks * self.block_manager.block_size
-        if longest > capacity:
-            raise ValueError(f"this request may need {longest} KV slots but the whole KV cache holds "
-                             f"{capacity}: raise kv_cache_memory_bytes or lower max_tokens")
 
 
 def _max_model_len(config: EngineConfig, hf_config) -> int:

@@ -53,7 +53,7 @@ def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab
         return torch.tensor(values, dtype=dtype).repeat_interleave(reps).to(device)
 
     greedy = [p.greedy for p in params]
-    top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+    top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
     top_p = [p.top_p for p in params]
     min_p = [p.min_p for p in params]
     logprobs = [p.logprobs for p in params if p.logprobs is not None]

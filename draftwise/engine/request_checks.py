@@ -1,0 +1,72 @@
+"""What a request must satisfy before it enters the engine, beyond ``SamplingParams``' own checks.
+
+``SamplingParams`` checks what needs no model (ranges, int64 bounds, cross-field
+rules); ``check_request`` adds what depends on the model and on the caps that
+protect the pool: prompt token ids inside the vocabulary, the context length,
+the KV cache's capacity, ``stop_token_ids`` inside the vocabulary, and
+``RequestLimits`` (``n``, ``logprobs``, the number and length of stop strings).
+``LLMEngine.add_request`` calls it for every request, so ``LLM.generate`` and
+the server share one validator: a violation raises ``ValueError`` naming the
+field (``SamplingParams.<field>=...`` where it is a sampling field), before
+any engine state changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..sampling_params import SamplingParams, is_encodable, short_repr
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request caps (``EngineConfig`` fields of the same names)."""
+    max_n: int = 128  # sequences per request (each holds KV blocks)
+    max_logprobs: int = 20  # vLLM's name and default: top logprobs per token
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024  # characters; streams hold back this much text
+
+
+def check_prompt_text(text: str, field: str = "prompt") -> None:
+    if not is_encodable(text):
+        raise ValueError(f"{field} is invalid: it must be valid Unicode text (it holds a lone surrogate)")
+
+
+def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
+                  kv_capacity: int, limits: RequestLimits) -> None:
+    """Raise ``ValueError`` (naming the field) unless the request can run to completion here."""
+    _check_prompt(prompt_token_ids, vocab_size, max_model_len)
+    _check_limits(params, limits)
+    if params.stop_token_ids and not 0 <= max(params.stop_token_ids) < vocab_size:
+        raise ValueError(f"SamplingParams.stop_token_ids={short_repr(params.stop_token_ids)} is invalid: "
+                         f"token ids must be in [0, {vocab_size})")
+    longest = min(max_model_len, len(prompt_token_ids) + (params.max_tokens or max_model_len))
+    if longest > kv_capacity:
+        raise ValueError(f"this request may need {longest} KV slots but the whole KV cache holds "
+                         f"{kv_capacity}: raise kv_cache_memory_bytes or lower max_tokens")
+
+
+def _check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> None:
+    if not token_ids:
+        raise ValueError("the prompt is empty: give at least one token")
+    if min(token_ids) < 0 or max(token_ids) >= vocab_size:
+        raise ValueError(f"prompt_token_ids must be in [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:
+        raise ValueError(f"the prompt has {len(token_ids)} tokens, more than max_model_len="
+                         f"{max_model_len} allows (it must leave room for one output token)")
+
+
+def _check_limits(params: SamplingParams, limits: RequestLimits) -> None:
+    def over(name: str, value, cap: int, flag: str) -> None:
+        raise ValueError(f"SamplingParams.{name}={short_repr(value)} is invalid: at most {cap} allowed "
+                         f"(the engine's {flag})")
+
+    if params.n > limits.max_n:
+        over("n", params.n, limits.max_n, "max_n")
+    if params.logprobs is not None and params.logprobs > limits.max_logprobs:
+        over("logprobs", params.logprobs, limits.max_logprobs, "max_logprobs")
+    if len(params.stop_strings) > limits.max_stop_strings:
+        over("stop", f"<{len(params.stop_strings)} strings>", limits.max_stop_strings, "max_stop_strings")
+    longest = max((len(s) for s in params.stop_strings), default=0)
+    if longest > limits.max_stop_string_length:
+        over("stop", f"<a string of {longest} characters>", limits.max_stop_string_length,
+             "max_stop_string_length (characters)")
