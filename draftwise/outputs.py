@@ -58,3 +58,4 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     kv_transfer_params: dict | None = None  # e.g. {"hidden_states_path": ...} (extract_hidden_states)
     num_cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
+    error: str | None = None  # set when the engine failed this request (finish_reason "error")

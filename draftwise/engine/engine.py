@@ -5,7 +5,10 @@ sequences; a bad request raises ``ValueError`` before touching any state, so
 the requests already in flight are unaffected. ``step`` schedules a batch,
 runs it, applies the sampled tokens and returns the outputs of the requests
 that progressed (finished ones are released from the cache at once).
-``abort_request`` frees a request's blocks immediately.
+``abort_request`` frees a request's blocks immediately. If a step raises, the
+requests that cause it are found by bisection (``fault_isolation.py``) and fail
+alone (``finish_reason="error"``, ``RequestOutput.error`` says why); the others'
+step runs without them, with the tokens a batch without them would give.
 
 ``async_scheduling=True`` builds the previous step's outputs on a worker thread
 while each forward runs (see ``step``).
@@ -44,6 +47,7 @@ from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import TargetInfo
 from .model_runner import ModelRunner, StepResult
+from .fault_isolation import find_failing
 from .output_processor import OutputProcessor
 from .request_checks import check_prompt_text, check_request
 from .scheduler import Scheduler, SchedulerOutput
@@ -57,6 +61,7 @@ logger = logging.getLogger("draftwise")
 class _Request:
     prompt: str | None
     seqs: list[Sequence]
+    error: str | None = None  # why the engine failed this request (its step raised because of it)
 
 
 class LLMEngine:
@@ -229,12 +234,50 @@ class LLMEngine:
         if not self.config.async_scheduling:
             if plan.is_empty:
                 return []
-            return self._outputs(self._apply(plan, self._execute(plan)))
+            plan, result, failed = self._execute_isolating(plan)
+            return self._outputs(self._apply(plan, result) + failed)
         previous = self._output_thread.submit(self._outputs, self._pending_outputs)
-        result = None if plan.is_empty else self._execute(plan)
+        plan, result, failed = (plan, None, []) if plan.is_empty else self._execute_isolating(plan, previous.result)
         outputs = previous.result()  # before _apply changes the sequences it reads
-        self._pending_outputs = self._apply(plan, result) if result is not None else []
+        self._pending_outputs = (self._apply(plan, result) if result is not None else []) + failed
         return outputs
+
+    def _execute_isolating(self, plan: SchedulerOutput, settle=lambda: None
+                           ) -> tuple[SchedulerOutput, StepResult, list[str]]:
+        """Execute the plan; if it raises, find the requests that make it raise (``fault_isolation``),
+        fail only those, and execute the rest: returns the plan that ran, its result and the failed
+        requests' ids. ``settle`` is called before any sequence changes (the output thread's turn)."""
+        try:
+            return plan, self._execute(plan), []
+        except Exception as exc:
+            logger.exception("draftwise: a step of %d requests failed; finding the request(s) that cause it",
+                             len({item.seq.request_id for item in plan.scheduled}))
+            error = exc
+        settle()
+        groups: dict[str, list] = {}
+        for item in plan.scheduled:
+            groups.setdefault(item.seq.request_id, []).append(item)
+        needs = self.speculator.needs if self.speculator else None
+        failing = find_failing(list(groups.values()), lambda items: self.runner.execute(items, needs), error)
+        failed = [list(groups)[i] for i in failing]
+        for request_id, exc in zip(failed, failing.values()):
+            self._fail_request(request_id, exc)
+        kept = [item for item in plan.scheduled if item.seq.request_id not in failed]
+        plan = dataclasses.replace(plan, scheduled=kept, num_batched_tokens=sum(i.num_scheduled_tokens for i in kept))
+        result = self._execute(plan) if kept else StepResult([], [], [])
+        return plan, result, failed
+
+    def _fail_request(self, request_id: str, error: Exception) -> None:
+        """End a request the engine cannot run: its sequences finish with ``finish_reason="error"``
+        and its output carries ``error``; its blocks are freed now."""
+        logger.error("draftwise: request %s failed and was removed from the batch: %s: %s",
+                     request_id, type(error).__name__, error)
+        request = self.requests[request_id]
+        request.error = f"{type(error).__name__}: {error}"
+        for seq in request.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "error"
+                self._release(seq)
 
     def _execute(self, plan: SchedulerOutput) -> StepResult:
         """Run the planned step on the target, timing it into the step-cost models in use."""
@@ -277,6 +320,7 @@ class LLMEngine:
                 continue
             out = self.output_processor.make_output(rid, request.prompt, request.seqs,
                                                     self.detokenize_unfinished)
+            out.error = request.error
             if out.finished:
                 del self.requests[rid]
             outputs.append(out)

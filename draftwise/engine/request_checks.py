@@ -4,7 +4,7 @@
 rules); ``check_request`` adds what depends on the model and on the caps that
 protect the pool: prompt token ids inside the vocabulary, the context length,
 the KV cache's capacity, ``stop_token_ids`` inside the vocabulary, and
-``RequestLimits`` (``n``, ``logprobs``, the number and length of stop strings).
+``config.RequestLimits`` (``n``, ``logprobs``, the number and length of stop strings).
 ``LLMEngine.add_request`` calls it for every request, so ``LLM.generate`` and
 the server share one validator: a violation raises ``ValueError`` naming the
 field (``SamplingParams.<field>=...`` where it is a sampling field), before
@@ -12,18 +12,8 @@ any engine state changes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..config import RequestLimits
 from ..sampling_params import SamplingParams, is_encodable, short_repr
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """Per-request caps (``EngineConfig`` fields of the same names)."""
-    max_n: int = 128  # sequences per request (each holds KV blocks)
-    max_logprobs: int = 20  # vLLM's name and default: top logprobs per token
-    max_stop_strings: int = 64
-    max_stop_string_length: int = 1024  # characters; streams hold back this much text
 
 
 def check_prompt_text(text: str, field: str = "prompt") -> None:

@@ -1,0 +1,72 @@
+"""A request that breaks a step fails alone: the engine bisects the step's requests, fails the
+culprit(s) with finish_reason "error", and every other request gets exactly its clean-run tokens."""
+from __future__ import annotations
+
+import pytest
+from conftest import PROMPTS, SERVER_SPEC
+
+from draftwise import LLM, SamplingParams
+from draftwise.engine.fault_isolation import find_failing
+
+FAULTY_SEED = 666  # the request whose rows the injected fault is tied to
+
+
+def _params() -> list[SamplingParams]:
+    """Greedy and seeded sampled requests mixed; index 3 carries the faulty seed."""
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=12, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    params[3] = SamplingParams(temperature=0.8, seed=FAULTY_SEED, max_tokens=12, ignore_eos=True)
+    return params
+
+
+def _inject_fault(llm: LLM, after_tokens: int) -> list[int]:
+    """Make every forward that holds the faulty request's rows raise once it has ``after_tokens`` outputs;
+    returns a list that counts the forwards run (bisection included)."""
+    runner = llm.llm_engine.runner
+    real_execute, calls = runner.execute, []
+
+    def execute(scheduled, needs=None):
+        calls.append(len(scheduled))
+        for item in scheduled:
+            if item.seq.params.seed == FAULTY_SEED and item.seq.num_output_tokens >= after_tokens:
+                raise RuntimeError("injected fault tied to one request")
+        return real_execute(scheduled, needs)
+
+    runner.execute = execute
+    return calls
+
+
+@pytest.mark.parametrize("engine_kwargs", [{}, {"async_scheduling": True}, {"speculative_config": SERVER_SPEC}],
+                         ids=["plain", "async-scheduling", "ngram"])
+@pytest.mark.parametrize("after_tokens", [0, 5], ids=["in-prefill", "mid-decode"])
+def test_faulty_request_fails_alone_and_others_match_a_clean_run(tiny_model_dir, engine_kwargs, after_tokens):
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, **engine_kwargs)
+    clean = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    calls = _inject_fault(llm, after_tokens)
+    outs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    for i, (out, ref) in enumerate(zip(outs, clean)):
+        if i == 3:
+            assert out.finished and out.outputs[0].finish_reason == "error"
+            assert "injected fault" in out.error
+            assert len(out.outputs[0].token_ids) == after_tokens
+        else:
+            assert out.error is None
+            assert out.outputs[0].token_ids == ref.outputs[0].token_ids, f"request {i} changed"
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.block_manager.usage == 0
+    assert len(calls) > 0
+
+
+def test_bisection_names_each_failing_group_and_combinations():
+    bad = {2, 5}
+
+    def run(items):
+        if bad & set(items) or {7, 8} <= set(items):  # 7 and 8 only fail together
+            raise ValueError(f"bad items {sorted(items)}")
+
+    groups = [[i] for i in range(10)]
+    failing = find_failing(groups, run)
+    # {7, 8, 9} raises while [7] and [8, 9] pass: the smallest subset known to raise fails as a whole
+    assert set(failing) == {2, 5, 7, 8, 9}
+    assert all(isinstance(e, ValueError) for e in failing.values())
+    assert find_failing([[0], [1]], run) == {}
