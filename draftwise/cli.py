@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", nargs="+", default=None,
                        help="name(s) clients use in 'model' (default: the model argument)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    from .server.options import add_server_args
+
+    add_server_args(serve)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     from .bench import add_bench_args
 

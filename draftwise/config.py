@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 
 from .compilation.config import CompilationConfig
-from .engine.request_checks import RequestLimits
 from .kv_transfer import KVTransferConfig
 from .sample.verify_config import RejectionSamplerConfig
 from .spec_decode.config import SpeculativeConfig
@@ -23,6 +22,16 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 _DEVICES = ("auto", "cpu", "cuda")
 BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Per-request caps that protect the pool (``EngineConfig`` fields of the same names; checked by
+    ``engine/request_checks.py``)."""
+    max_n: int = 128  # sequences per request (each holds KV blocks)
+    max_logprobs: int = 20  # vLLM's name and default: top logprobs per token
+    max_stop_strings: int = 64
+    max_stop_string_length: int = 1024  # characters; streams hold back this much text
 
 
 @dataclass(slots=True)

@@ -148,7 +148,7 @@ def test_failing_step_fails_its_request_with_500_and_server_keeps_serving(tiny_m
         body = {"prompt": "hello", "max_tokens": 4}
         status, payload = call(url, "/v1/completions", body, key=None)
         assert status == 500 and payload["error"]["type"] == "server_error"
-        assert "injected fault" in payload["error"]["message"]
+        assert "injected fault" not in payload["error"]["message"]  # the log has it, the client does not
         status, payload = call(url, "/v1/completions", body, key=None)
         assert status == 200 and len(payload["choices"]) == 1
         assert engine.block_manager.usage == 0 and not engine.has_unfinished_requests()

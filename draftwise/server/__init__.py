@@ -5,4 +5,8 @@ connection; ``protocol`` holds the request/response models and OpenAI's error
 format; ``serving_completions`` / ``serving_chat`` turn requests into engine
 requests and engine outputs into responses or SSE chunks; ``metrics`` is the
 Prometheus registry and the periodic log line; ``app`` wires the routes.
+What one client may cost the others is bounded by ``options`` (the flags),
+``guards`` (body size, header/body/send timeouts), ``preprocess``
+(tokenization and chat templates off the event loop) and ``template_sandbox``
+(request-supplied chat templates in a bounded worker process).
 """

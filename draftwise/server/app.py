@@ -1,45 +1,65 @@
-"""The FastAPI application: routes, API-key check, and OpenAI-format errors.
+"""The FastAPI application: routes, API-key check, request guards, and OpenAI-format errors.
 
 ``build_app`` wires an ``AsyncEngine`` to the OpenAI routes. Every error a
 client can cause is a JSON ``{"error": {"message", "type", "param", "code"}}``:
-malformed JSON and invalid fields are 400, an unknown model 404, a missing or
-wrong API key 401 (``/health``, ``/version`` and ``/metrics`` stay open), and
-an unexpected failure inside one request 500, which fails that request only.
+malformed JSON and invalid fields are 400, an unknown model 404, a missing,
+wrong or malformed API key 401 (``/health``, ``/version`` and ``/metrics``
+stay open; the API docs need the key when one is set), a body past the limit
+413, a body that does not arrive 408 (``guards.py``), and an unexpected
+failure inside one request 500, which fails that request only and never
+echoes the exception: the client gets an error id, the log gets the details.
 """
 from __future__ import annotations
 
 import logging
 import secrets
+import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
-from .async_engine import AsyncEngine
+from .async_engine import AsyncEngine, RequestFailed
 from .errors import APIError, error_response
+from .guards import RequestGuard
 from .metrics import ServerMetrics
+from .options import ServerOptions
+from .preprocess import Preprocessor
 from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from .serving_chat import ChatServing
 from .serving_completions import CompletionServing
+from .template_sandbox import TemplateSandbox
 
 logger = logging.getLogger("draftwise")
 
 
-def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer,
-              api_key: str | None = None, metrics: ServerMetrics | None = None) -> FastAPI:
+def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, options: ServerOptions | None = None,
+              metrics: ServerMetrics | None = None) -> FastAPI:
+    options = options or ServerOptions()
+    sandbox = TemplateSandbox(timeout=options.chat_template_timeout) if options.trust_request_chat_template else None
+    preprocess = Preprocessor(tokenizer, sandbox)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         yield
         engine.stop()
+        preprocess.close()
 
-    app = FastAPI(title="draftwise", version=__version__, lifespan=lifespan)
-    completions = CompletionServing(engine, served_model_names, tokenizer)
-    chat = ChatServing(engine, served_model_names, tokenizer)
+    app = FastAPI(title="draftwise", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None if options.disable_fastapi_docs or options.api_key else "/openapi.json")
+    app.add_middleware(RequestGuard, max_request_body_bytes=options.max_request_body_bytes,
+                       body_read_timeout=options.body_read_timeout, send_timeout=options.send_timeout)
+    completions = CompletionServing(engine, served_model_names, tokenizer, preprocess)
+    chat = ChatServing(engine, served_model_names, tokenizer, preprocess)
     _add_error_handlers(app)
+    key_check = Depends(_api_key_check(options.api_key))
+    if not options.disable_fastapi_docs:
+        _add_docs(app, key_check)
 
     @app.get("/health")
     async def health() -> Response:
@@ -54,12 +74,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer,
         body = metrics.render() if metrics else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(_api_key_check(api_key))])
+    v1 = APIRouter(prefix="/v1", dependencies=[key_check])
 
     @v1.get("/models")
-    async def models() -> ModelList:
-        info = engine.engine
-        return ModelList(data=[ModelCard(id=name, root=str(info.config.model_path), max_model_len=info.max_model_len)
+    async def models() -> ModelList:  # root: the served name, never a path on this server
+        return ModelList(data=[ModelCard(id=name, root=name, max_model_len=engine.engine.max_model_len)
                                for name in served_model_names])
 
     @v1.post("/completions")
@@ -83,16 +102,37 @@ def _respond(result):
 
 
 def _api_key_check(api_key: str | None):
+    """A dependency: 401 unless ``Authorization: Bearer KEY``; compared as bytes in constant time, so
+    any header (non-ASCII, several spaces, no scheme) is a 401, never a 500."""
+    expected = api_key.encode() if api_key is not None else None
+
     async def check(request: Request) -> None:
-        if api_key is None:
+        if expected is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), api_key):
+        header = b"".join(value for name, value in request.scope["headers"] if name == b"authorization")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), expected):
             raise APIError(401, "Incorrect API key provided: pass it as 'Authorization: Bearer KEY'",
                            code="invalid_api_key")
 
     return check
+
+
+def _add_docs(app: FastAPI, key_check) -> None:
+    """``/docs`` and ``/redoc`` (and ``/openapi.json`` behind the key when there is one)."""
+    openapi_url = "/openapi.json"
+    if app.openapi_url is None:
+        @app.get(openapi_url, include_in_schema=False, dependencies=[key_check])
+        async def openapi() -> JSONResponse:
+            return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[key_check])
+    async def docs():
+        return get_swagger_ui_html(openapi_url=openapi_url, title="draftwise API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=[key_check])
+    async def redoc():
+        return get_redoc_html(openapi_url=openapi_url, title="draftwise API")
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -116,7 +156,13 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail),
                               type="invalid_request_error" if exc.status_code < 500 else "server_error")
 
+    @app.exception_handler(RequestFailed)
+    async def request_failed(request: Request, exc: RequestFailed) -> JSONResponse:
+        return error_response(500, str(exc), type="server_error")
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("draftwise: request %s %s failed", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+        error_id = uuid.uuid4().hex[:12]
+        logger.exception("draftwise: request %s %s failed (error id %s)", request.method, request.url.path, error_id)
+        return error_response(500, f"internal error (error id {error_id}); the server log has the details",
+                              type="server_error")

@@ -10,15 +10,17 @@ thread-safe queue, and the loop thread applies them between steps, so all
 requests in flight are batched together in every step (continuous batching,
 speculation included). Each step's ``RequestOutput``s (cumulative snapshots:
 full text and token ids so far) are handed to the owning request's
-``asyncio.Queue`` with ``call_soon_threadsafe``.
+``_Stream`` with ``call_soon_threadsafe``; it keeps only the latest unread
+one, so a slow reader's memory stays bounded.
 
 Contract of ``add_request``: it raises ``ValueError`` for a request the
 engine rejects (nothing was queued), else returns a ``RequestHandle`` whose
 ``outputs()`` yields snapshots until the finished one. If the consumer stops
 early (client disconnect, cancellation), the request is aborted and its KV
-blocks are freed on the next loop iteration. If a step
-fails, every request in that step fails with the error and is aborted; the
-loop keeps serving new requests.
+blocks are freed on the next loop iteration. A request the engine failed
+(its values broke a step; the engine isolates it, see ``engine/fault_isolation.py``)
+ends with ``RequestFailed``; if a step fails beyond that, every request in it
+fails and is aborted. The loop keeps serving new requests either way.
 """
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 from ..engine.engine import LLMEngine
 from ..outputs import RequestOutput
@@ -38,13 +39,37 @@ from ..sampling_params import SamplingParams
 logger = logging.getLogger("draftwise")
 
 
-@dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue  # RequestOutput snapshots, or an Exception that ends the request
+class RequestFailed(RuntimeError):
+    """The engine failed this request; the message names the request id only (details are in the log)."""
 
-    def put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def __init__(self, request_id: str):
+        super().__init__(f"the engine could not run request {request_id}; the server log has the details")
+
+
+class _Stream:
+    """The latest undelivered item of one request: a ``RequestOutput`` snapshot, or an exception that ends it.
+
+    Snapshots are cumulative (full text and token ids so far), so an unread one is replaced by the next:
+    a client that reads slowly holds at most one snapshot here, however fast the engine runs."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._item = None
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:  # engine thread
+        self.loop.call_soon_threadsafe(self._set, item)
+
+    def _set(self, item) -> None:
+        if not isinstance(self._item, BaseException):  # an error already ends the request
+            self._item = item
+            self._ready.set()
+
+    async def get(self):
+        await self._ready.wait()
+        self._ready.clear()
+        item, self._item = self._item, None
+        return item
 
 
 class AsyncEngine:
@@ -98,7 +123,7 @@ class AsyncEngine:
 
     async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestHandle":
         """Queue a request; raises the engine's ``ValueError`` for a bad one (nothing is queued)."""
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop())
         added: concurrent.futures.Future = concurrent.futures.Future()
         self._post(("add", request_id, prompt, params, stream, added))
         await asyncio.wrap_future(added)
@@ -135,7 +160,7 @@ class AsyncEngine:
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
-                    stream.put(out)
+                    stream.put(RequestFailed(out.request_id) if out.error else out)
                     if out.finished:
                         del self._streams[out.request_id]
 
@@ -169,7 +194,7 @@ class AsyncEngine:
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id, stream in list(self._streams.items()):
-            stream.put(RuntimeError(f"engine step failed: {exc}"))
+            stream.put(RequestFailed(request_id))
             self._abort(request_id)
 
 
@@ -185,9 +210,7 @@ class RequestHandle:
     async def outputs(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self._stream.queue.get()
-                while not isinstance(item, BaseException) and not self._stream.queue.empty():
-                    item = self._stream.queue.get_nowait()  # snapshots are cumulative: the latest is enough
+                item = await self._stream.get()
                 if isinstance(item, BaseException):
                     self.finished = True
                     raise item

@@ -29,10 +29,14 @@ class APIError(Exception):
         return ErrorResponse(error=info).model_dump()
 
     @classmethod
-    def from_value_error(cls, exc: ValueError, param: str | None = None) -> "APIError":
-        """A 400 for a request the engine or SamplingParams rejected, naming the field when known."""
+    def from_value_error(cls, exc: ValueError, param: str | None = None,
+                         aliases: dict[str, str] | None = None) -> "APIError":
+        """A 400 for a request the engine or SamplingParams rejected, naming the field when known
+        (``aliases``: the request's name for a SamplingParams field, e.g. chat's ``top_logprobs``)."""
         match = _FIELD.search(str(exc))
-        return cls(400, str(exc), param=match.group(1) if match else param)
+        if match:
+            param = (aliases or {}).get(match.group(1), match.group(1))
+        return cls(400, str(exc), param=param)
 
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",

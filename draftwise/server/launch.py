@@ -12,7 +12,9 @@ from ..engine.engine import LLMEngine
 from ..models.loader import SMOLLM2_NAME
 from .app import build_app
 from .async_engine import AsyncEngine
+from .guards import header_timeout_protocol
 from .metrics import ServerMetrics
+from .options import ServerOptions
 
 logger = logging.getLogger("draftwise")
 
@@ -20,14 +22,16 @@ logger = logging.getLogger("draftwise")
 def run_server(args: argparse.Namespace, engine_kwargs: dict) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(message)s")
+    options = ServerOptions.from_args(args)
     config = EngineConfig.from_kwargs(**engine_kwargs)
     names = args.served_model_name or [args.model or SMOLLM2_NAME]
     metrics = ServerMetrics(names[0])
     engine = AsyncEngine.build(lambda: LLMEngine(config), metrics)  # built on the thread that steps it
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model_path)
-    app = build_app(engine, names, tokenizer, api_key=args.api_key, metrics=metrics)
+    app = build_app(engine, names, tokenizer, options, metrics)
     spec = config.speculative.to_dict() if config.speculative else None
     logger.info("draftwise: serving %s as %s on http://%s:%d (speculative config: %s)",
                 config.model_path, names, args.host, args.port, spec)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5,
+                http=header_timeout_protocol(options.header_read_timeout))
     return 0

@@ -26,12 +26,12 @@ class _SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1)  # capped by the engine's max_n
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -49,12 +49,19 @@ class _SamplingRequest(BaseModel):
     def unsupported_fields(self) -> list[str]:
         return ["logit_bias"] if self.logit_bias else []
 
+    def cross_field_error(self) -> tuple[str, str] | None:
+        """``(param, message)`` for the first rule across fields that this request breaks (as OpenAI and
+        vLLM apply them), else None."""
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options can only be set when stream is true"
+        return None
+
 
 class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0)  # capped by the engine's max_logprobs
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
 
@@ -87,12 +94,18 @@ class ChatCompletionRequest(_SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0)  # capped by the engine's max_logprobs
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's field; refused unless the server trusts request templates
+
+    def cross_field_error(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "when top_logprobs is set, logprobs must be true"
+        return super().cross_field_error()
 
     def unsupported_fields(self) -> list[str]:
         bad = super().unsupported_fields()

@@ -11,22 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from pydantic import BaseModel
 
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from .async_engine import AsyncEngine, RequestHandle
+from .async_engine import AsyncEngine, RequestFailed, RequestHandle
 from .errors import APIError
+from .preprocess import Preprocessor
 from .protocol import PromptTokensDetails, SpecDecodeInfo, UsageInfo, _SamplingRequest
+
+logger = logging.getLogger("draftwise")
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, served_model_names: list[str], tokenizer):
+    param_aliases: dict[str, str] = {}  # this endpoint's name for a SamplingParams field
+
+    def __init__(self, engine: AsyncEngine, served_model_names: list[str], tokenizer, preprocess: Preprocessor):
         self.engine = engine
         self.served_model_names = served_model_names
-        self.tokenizer = tokenizer  # the event loop's own copy: the engine thread uses another
+        self.tokenizer = tokenizer  # the event loop's own copy (short decodes only): the engine thread uses another
+        self.preprocess = preprocess  # tokenization and chat templates, off the event loop
 
     @property
     def model_name(self) -> str:
@@ -40,6 +47,9 @@ class OpenAIServing:
         if unsupported:
             raise APIError(400, f"unsupported value for {unsupported[0]!r}: draftwise does not implement it",
                            param=unsupported[0])
+        broken = request.cross_field_error()
+        if broken:
+            raise APIError(400, broken[1], param=broken[0])
 
     def check_length(self, prompt_token_ids: list[int], max_tokens: int | None, param: str) -> None:
         """As vLLM's server: the prompt plus ``max_tokens`` must fit in the context (else 400)."""
@@ -52,8 +62,7 @@ class OpenAIServing:
                            f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
                            param="max_tokens")
 
-    @staticmethod
-    def sampling_params(request: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         def given(value, default):
             return default if value is None else value
 
@@ -69,7 +78,7 @@ class OpenAIServing:
                 skip_special_tokens=request.skip_special_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output)
         except ValueError as exc:
-            raise APIError.from_value_error(exc) from None
+            raise APIError.from_value_error(exc, aliases=self.param_aliases) from None
 
     async def add_requests(self, request_id: str, prompts: list, params: SamplingParams,
                            prompt_param: str) -> list[RequestHandle]:
@@ -82,7 +91,7 @@ class OpenAIServing:
             for handle in handles:
                 handle.abort()
             if isinstance(exc, ValueError):
-                raise APIError.from_value_error(exc, prompt_param) from None
+                raise APIError.from_value_error(exc, prompt_param, self.param_aliases) from None
             raise
         return handles
 
@@ -119,6 +128,14 @@ class OpenAIServing:
         return SpecDecodeInfo(num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
                               acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
                               mean_acceptance_length=1.0 + accepted / drafts)
+
+
+def stream_error(request_id: str, exc: Exception) -> str:
+    """The in-band error event of a stream that failed after it started (the details go to the log only)."""
+    if not isinstance(exc, RequestFailed):
+        logger.error("draftwise: stream %s failed: %s: %s", request_id, type(exc).__name__, exc)
+    return sse(APIError(500, f"generation failed for request {request_id}; the server log has the details",
+                        type="server_error").body())
 
 
 async def merge_outputs(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:

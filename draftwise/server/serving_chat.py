@@ -14,8 +14,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from jinja2 import TemplateError
-
 from ..outputs import CompletionOutput
 from .errors import APIError
 from .protocol import (
@@ -30,13 +28,15 @@ from .protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from .serving_base import OpenAIServing, TextDelta, sse
+from .serving_base import OpenAIServing, TextDelta, sse, stream_error
 
 
 class ChatServing(OpenAIServing):
+    param_aliases = {"logprobs": "top_logprobs"}
+
     async def create(self, request: ChatCompletionRequest, is_disconnected):
         self.check_request(request)
-        prompt = self._render(request)
+        prompt = await self._render(request)
         max_tokens = request.max_completion_tokens or request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_length(prompt["prompt_token_ids"], max_tokens, "messages")
@@ -55,16 +55,11 @@ class ChatServing(OpenAIServing):
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self.usage(outputs), spec_decode=self.spec_info(outputs))
 
-    def _render(self, request: ChatCompletionRequest) -> dict:
+    async def _render(self, request: ChatCompletionRequest) -> dict:
         messages = [{**m.model_dump(exclude_none=True), "content": _text_content(m.content)}
                     for m in request.messages]
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=request.add_generation_prompt,
-                **(request.chat_template_kwargs or {}))
-        except (TemplateError, ValueError, TypeError) as exc:
-            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
-        return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+        return await self.preprocess.render_chat(messages, request.add_generation_prompt,
+                                                 request.chat_template_kwargs or {}, request.chat_template)
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, handles,
                       params) -> AsyncIterator[str]:
@@ -89,7 +84,7 @@ class ChatServing(OpenAIServing):
                     yield chunk([ChatChunkChoice(index=completion.index, delta=DeltaMessage(content=text),
                                                  logprobs=logprobs, finish_reason=completion.finish_reason)])
         except Exception as exc:  # the response has started: report in-band, then end the stream
-            yield sse(APIError(500, f"generation failed: {exc}", type="server_error").body())
+            yield stream_error(request_id, exc)
         else:
             if request.stream_options and request.stream_options.include_usage and final is not None:
                 yield chunk([], usage=self.usage([final]), spec_decode=self.spec_info([final]))

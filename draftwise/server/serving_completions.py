@@ -15,13 +15,18 @@ from collections.abc import AsyncIterator
 from ..outputs import CompletionOutput, RequestOutput
 from .errors import APIError
 from .protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
-from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse
+from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse, stream_error
 
 
 class CompletionServing(OpenAIServing):
     async def create(self, request: CompletionRequest, is_disconnected):
         self.check_request(request)
-        prompts = [self._tokenize(p) for p in _prompts(request.prompt)]
+        raw_prompts = _prompts(request.prompt)
+        max_n = self.engine.engine.config.max_n
+        if len(raw_prompts) * request.n > max_n:
+            raise APIError(400, f"{len(raw_prompts)} prompts x n={request.n} choices is more than the server's "
+                           f"max_n={max_n} choices per request", param="n" if len(raw_prompts) == 1 else "prompt")
+        prompts = [await self._tokenize(p) for p in raw_prompts]
         for prompt in prompts:
             self.check_length(prompt["prompt_token_ids"], request.max_tokens, "prompt")
         params = self.sampling_params(request, request.max_tokens, request.logprobs)
@@ -46,10 +51,10 @@ class CompletionServing(OpenAIServing):
         return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
                                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
-    def _tokenize(self, prompt) -> dict:
+    async def _tokenize(self, prompt) -> dict:
         """Engine prompt with token ids; a string is tokenized exactly as the engine would."""
         if isinstance(prompt, str):
-            return {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt, add_special_tokens=True)}
+            return {"prompt": prompt, "prompt_token_ids": await self.preprocess.tokenize(prompt, "prompt")}
         return {"prompt_token_ids": prompt}
 
     def _prompt_text(self, out: RequestOutput) -> str:
@@ -82,7 +87,7 @@ class CompletionServing(OpenAIServing):
                     yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name,
                                                  choices=[choice]))
         except Exception as exc:  # the response has started: report in-band, then end the stream
-            yield sse(APIError(500, f"generation failed: {exc}", type="server_error").body())
+            yield stream_error(request_id, exc)
         else:
             outputs = [finals[p] for p in sorted(finals)]
             if request.stream_options and request.stream_options.include_usage:

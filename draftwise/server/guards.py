@@ -1,0 +1,157 @@
+"""Bounds on what one HTTP connection can hold: header and body read time, body size, unread output.
+
+``RequestGuard`` (ASGI middleware) reads each request's body before the app
+sees it: more than ``max_request_body_bytes`` (declared or sent) is a 413,
+a body that has not arrived within ``body_read_timeout`` a 408; the app then
+gets the body from memory. Every ``send`` of the response must complete
+within ``send_timeout`` (uvicorn's send waits while the client does not read);
+past it the response is abandoned, which closes the connection and, through
+the handlers' ``finally``, aborts its engine requests.
+
+``header_timeout_protocol`` returns uvicorn's h11 protocol with a header
+deadline: a connection must send a request's complete headers within
+``header_read_timeout`` of sending its first byte (or of connecting), else it
+is closed; idle keep-alive connections stay uvicorn's business
+(``timeout_keep_alive``).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .errors import APIError
+
+logger = logging.getLogger("draftwise")
+
+
+class SendTimeout(Exception):
+    """A client left the response unread for longer than ``send_timeout``."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class RequestGuard:
+    def __init__(self, app, max_request_body_bytes: int, body_read_timeout: float, send_timeout: float):
+        self.app = app
+        self.max_bytes, self.body_timeout, self.send_timeout = max_request_body_bytes, body_read_timeout, send_timeout
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        try:
+            if int(declared) > self.max_bytes:
+                raise _TooLarge
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout)
+        except (_TooLarge, ValueError):
+            return await _reject(send, 413, f"the request body exceeds {self.max_bytes} bytes "
+                                            "(the server's --max-request-body-bytes)")
+        except asyncio.TimeoutError:
+            return await _reject(send, 408, f"the request body did not arrive within {self.body_timeout:g} s")
+        except _Disconnected:
+            return
+        try:
+            await self.app(scope, _replay(body, receive), self._timed(send))
+        except Exception as exc:
+            if not _holds(exc, SendTimeout):
+                raise
+            logger.warning("draftwise: %s %s: the client did not read its response for %g s; aborted",
+                           scope["method"], scope["path"], self.send_timeout)
+
+    async def _read_body(self, receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _timed(self, send):
+        async def timed_send(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout)
+            except asyncio.TimeoutError:
+                raise SendTimeout from None
+
+        return timed_send
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that returns the buffered body once, then the connection's own messages."""
+    delivered = False
+
+    async def replay():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _reject(send, status: int, message: str) -> None:
+    response = APIError(status, message, code="request_too_large" if status == 413 else "request_timeout").response()
+    headers = [*response.raw_headers, (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+def _holds(exc: BaseException, kind: type) -> bool:
+    """``exc`` is a ``kind``, or an exception group holding one (anyio task groups wrap)."""
+    if isinstance(exc, kind):
+        return True
+    return any(_holds(inner, kind) for inner in getattr(exc, "exceptions", ()))
+
+
+def header_timeout_protocol(header_read_timeout: float) -> type[H11Protocol]:
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self._between_requests():
+                self._arm()  # the first bytes of the next request on a kept-alive connection
+            super().data_received(data)
+            if not self._between_requests():
+                self._disarm()  # its headers are complete
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_read_timeout, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self._between_requests() and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol

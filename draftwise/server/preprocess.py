@@ -1,0 +1,111 @@
+"""Prompt preparation off the event loop: tokenization and chat templates in worker threads.
+
+Tokenizing a prompt of a few MB takes seconds; on the event loop it froze
+every connection, ``/health`` included. ``Preprocessor`` runs that work on
+a small thread pool (each thread with its own tokenizer copy: a fast
+tokenizer is not meant to be shared across threads); the event loop only
+awaits it. Text is checked for encodability first (a lone surrogate is a
+400 naming the field, not a tokenizer crash).
+
+Chat templates: the model's own template is rendered in the pool like
+tokenization. A request's ``chat_template`` (vLLM's field, also inside
+``chat_template_kwargs``) is refused unless the server trusts request
+templates; then it is rendered in ``TemplateSandbox`` (a worker process
+with time, memory and output bounds). ``chat_template_kwargs`` may not
+override ``apply_chat_template``'s own arguments (``tokenize``,
+``return_dict``, ...).
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from ..sampling_params import is_encodable
+from .errors import APIError
+from .template_sandbox import TemplateSandbox
+
+NUM_THREADS = 2
+_RESERVED_KWARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {
+    "self", "kwargs"}
+
+
+class Preprocessor:
+    def __init__(self, tokenizer, sandbox: TemplateSandbox | None = None, num_threads: int = NUM_THREADS):
+        self._tokenizer = tokenizer
+        self._local = threading.local()
+        self._pool = ThreadPoolExecutor(num_threads, thread_name_prefix="draftwise-preprocess")
+        self.sandbox = sandbox  # None: request chat templates are refused
+
+    async def tokenize(self, text: str, param: str) -> list[int]:
+        """``text`` tokenized as the engine does for a string prompt (special tokens added)."""
+        check_text(text, param)
+        return await self._run(lambda tok: tok.encode(text, add_special_tokens=True))
+
+    async def render_chat(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict,
+                          chat_template: str | None) -> dict:
+        """The chat prompt as ``LLM.chat`` builds it: ``{"prompt", "prompt_token_ids"}``."""
+        template_kwargs = dict(template_kwargs)
+        if "chat_template" in template_kwargs:
+            chat_template = template_kwargs.pop("chat_template")
+            param = "chat_template_kwargs.chat_template"
+        else:
+            param = "chat_template"
+        reserved = sorted(set(template_kwargs) & _RESERVED_KWARGS)
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {reserved}", param="chat_template_kwargs")
+        for i, message in enumerate(messages):
+            check_text(json.dumps(message, ensure_ascii=False, default=str), f"messages[{i}]")
+        check_text(json.dumps(template_kwargs, ensure_ascii=False, default=str), "chat_template_kwargs")
+        if chat_template is not None:
+            if self.sandbox is None:
+                raise APIError(400, "a request-supplied chat template is refused: this server does not trust "
+                               "request chat templates (start it with --trust-request-chat-template)", param=param)
+            if not isinstance(chat_template, str) or not is_encodable(chat_template):
+                raise APIError(400, "chat_template must be valid Unicode text", param=param)
+            return await self._run(lambda tok: self._render_untrusted(tok, chat_template, messages,
+                                                                      add_generation_prompt, template_kwargs))
+        return await self._run(lambda tok: _render_own(tok, messages, add_generation_prompt, template_kwargs))
+
+    def _render_untrusted(self, tok, template: str, messages: list[dict], add_generation_prompt: bool,
+                          template_kwargs: dict) -> dict:
+        kwargs = {**tok.special_tokens_map, **template_kwargs, "add_generation_prompt": add_generation_prompt}
+        try:
+            text = self.sandbox.render(template, messages, kwargs)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="chat_template") from None
+        return {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+
+    async def _run(self, work):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: work(self._thread_tokenizer()))
+
+    def _thread_tokenizer(self):
+        tok = getattr(self._local, "tokenizer", None)
+        if tok is None:
+            tok = self._local.tokenizer = copy.deepcopy(self._tokenizer)
+        return tok
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def check_text(text: str, param: str) -> None:
+    if not is_encodable(text):
+        raise APIError(400, f"{param} must be valid Unicode text (it holds a lone surrogate)", param=param)
+
+
+def _render_own(tok, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> dict:
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                       **template_kwargs)
+    except (TemplateError, ValueError, TypeError) as exc:
+        raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
+    return {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
