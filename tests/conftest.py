@@ -294,10 +294,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def api_server(tiny_model_dir, tmp_path_factory):
-    """A real ``draftwise serve`` process on 127.0.0.1 (tiny model, fp32, ngram, API key).
-    Yields its base URL; stopped at the end of the session."""
+def start_server(model_dir, log_path, extra_args=()):
+    """Start ``draftwise serve`` on 127.0.0.1 (tiny model, fp32, ngram, API key) and wait until
+    ``/health`` answers; returns ``(process, base URL)``. Stop it with ``stop_server``."""
     import json
     import subprocess
     import sys
@@ -305,32 +304,45 @@ def api_server(tiny_model_dir, tmp_path_factory):
     import urllib.request
 
     port = free_port()
-    cmd = [sys.executable, "-m", "draftwise.cli", "serve", str(tiny_model_dir), "--port", str(port),
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", str(model_dir), "--port", str(port),
            "--dtype", "float32", "-sc", json.dumps(SERVER_SPEC), "--api-key", API_KEY,
-           "--served-model-name", SERVED_NAME, "--max-num-seqs", "64", "--log-level", "warning"]
+           "--served-model-name", SERVED_NAME, "--max-num-seqs", "64", "--log-level", "warning", *extra_args]
     env = {**os.environ, "DRAFTWISE_VERIFY_ROW_COST": "0"}
-    log_path = tmp_path_factory.mktemp("server") / "serve.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"draftwise serve exited with {proc.returncode}: {log_path.read_text()}")
+            pytest.fail(f"draftwise serve exited with {proc.returncode}: {open(log_path).read()}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=1) as resp:
                 if resp.status == 200:
-                    break
+                    return proc, url
         except OSError:
             pass
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail("draftwise serve did not become healthy in 120 s")
         time.sleep(0.2)
-    yield url
+
+
+def stop_server(proc) -> None:
+    import subprocess
+
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
-    log.close()
+    proc.log.close()
+
+
+@pytest.fixture(scope="session")
+def api_server(tiny_model_dir, tmp_path_factory):
+    """A real ``draftwise serve`` process (see ``start_server``); yields its base URL, stopped at the
+    end of the session."""
+    proc, url = start_server(tiny_model_dir, tmp_path_factory.mktemp("server") / "serve.log")
+    yield url
+    stop_server(proc)

@@ -41,7 +41,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
               metrics: ServerMetrics | None = None) -> FastAPI:
     options = options or ServerOptions()
     sandbox = TemplateSandbox(timeout=options.chat_template_timeout) if options.trust_request_chat_template else None
-    preprocess = Preprocessor(tokenizer, sandbox)
+    preprocess = Preprocessor(tokenizer, engine.engine.max_model_len, sandbox)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -54,9 +54,10 @@ class OpenAIServing:
     def check_length(self, prompt_token_ids: list[int], max_tokens: int | None, param: str) -> None:
         """As vLLM's server: the prompt plus ``max_tokens`` must fit in the context (else 400)."""
         limit, num = self.engine.engine.max_model_len, len(prompt_token_ids)
-        if num >= limit:
-            raise APIError(400, f"This model's maximum context length is {limit} tokens; the prompt has {num} "
-                           "tokens and leaves no room for output", param=param)
+        if num >= limit:  # (the preprocessor cuts a longer prompt at limit + 1 tokens)
+            has = f"{num} tokens" if num <= limit else f"more than {limit} tokens"
+            raise APIError(400, f"This model's maximum context length is {limit} tokens; the prompt has {has} "
+                           "and leaves no room for output", param=param)
         if max_tokens is not None and num + max_tokens > limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens; you requested "
                            f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
