@@ -8,6 +8,7 @@ sandbox is exercised) serves 6 healthy greedy streams while every probe of
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -80,17 +81,19 @@ def _rss_mib(pid: int) -> float:
 
 
 class HealthWatch(threading.Thread):
-    """Polls ``/health`` every 20 ms; ``worst`` is the slowest answer seen (s)."""
+    """Polls ``/health`` and ``/metrics`` in turn every 20 ms; ``worst`` is the slowest answer seen (s)."""
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.worst, self.failures, self.running = url, 0.0, 0, True
 
     def run(self) -> None:
+        paths = ("/health", "/metrics")
         while self.running:
             start = time.perf_counter()
+            paths = paths[::-1]
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                with urllib.request.urlopen(self.url + paths[0], timeout=5) as resp:
                     assert resp.status == 200
             except Exception:  # noqa: BLE001 - counted, asserted by the test
                 self.failures += 1
@@ -174,11 +177,11 @@ def test_bad_requests_fail_alone_while_healthy_streams_run(server, server_proc):
         watch.running = False
         watch.join()
     assert [texts.get(i) for i in range(len(prompts))] == solo
-    assert watch.failures == 0 and watch.worst < 0.1, f"/health took up to {watch.worst * 1000:.0f} ms"
+    assert watch.failures == 0 and watch.worst < 0.1, f"/health or /metrics took {watch.worst * 1000:.0f} ms"
     m = wait_idle(server)
     assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
     rss_after = _rss_mib(server_proc.pid)
-    print(f"\n{len(PROBES)} request probes + 8 connection probes; worst /health {watch.worst * 1000:.1f} ms; "
+    print(f"\n{len(PROBES)} request probes + 8 connection probes; worst /health or /metrics {watch.worst * 1000:.1f} ms; "
           f"server RSS {rss_before:.0f} -> {rss_after:.0f} MiB")
     assert rss_after - rss_before < 512
 
@@ -230,3 +233,29 @@ def test_docs_need_the_key_and_models_reveal_no_paths(api_server, tiny_model_dir
     _, models = call(api_server, "/v1/models")
     assert str(tiny_model_dir) not in json.dumps(models)
     assert models["data"][0]["root"] == SERVED_NAME
+
+
+def test_a_response_the_client_never_reads_is_abandoned_after_send_timeout():
+    from draftwise.server.guards import RequestGuard
+
+    finished = []
+
+    async def app(scope, receive, send):
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            for _ in range(100):
+                await send({"type": "http.response.body", "body": b"data", "more_body": True})
+        finally:  # a handler's finally is where it aborts its engine requests
+            finished.append(True)
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # the client never reads: uvicorn's send waits forever
+
+    guard = RequestGuard(app, max_request_body_bytes=1024, body_read_timeout=1.0, send_timeout=0.2)
+    start = time.monotonic()
+    asyncio.run(guard({"type": "http", "headers": [], "method": "POST", "path": "/v1/completions"}, receive, send))
+    assert finished and time.monotonic() - start < 2
