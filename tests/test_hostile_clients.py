@@ -181,7 +181,8 @@ def test_bad_requests_fail_alone_while_healthy_streams_run(server, server_proc):
     m = wait_idle(server)
     assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
     rss_after = _rss_mib(server_proc.pid)
-    print(f"\n{len(PROBES)} request probes + 8 connection probes; worst /health or /metrics {watch.worst * 1000:.1f} ms; "
+    print(f"\n{len(PROBES)} request probes + 8 connection probes; "
+          f"worst /health or /metrics {watch.worst * 1000:.1f} ms; "
           f"server RSS {rss_before:.0f} -> {rss_after:.0f} MiB")
     assert rss_after - rss_before < 512
 

@@ -46,8 +46,8 @@ from ..paged import ForwardInput, KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import TargetInfo
-from .model_runner import ModelRunner, StepResult
 from .fault_isolation import find_failing
+from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
 from .request_checks import check_prompt_text, check_request
 from .scheduler import Scheduler, SchedulerOutput

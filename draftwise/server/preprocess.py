@@ -82,17 +82,17 @@ class Preprocessor:
                                "request chat templates (start it with --trust-request-chat-template)", param=param)
             if not isinstance(chat_template, str) or not is_encodable(chat_template):
                 raise APIError(400, "chat_template must be valid Unicode text", param=param)
-            return await self._run(lambda tok: self._render_untrusted(tok, chat_template, messages,
+            return await self._run(lambda tok: self._render_untrusted(tok, chat_template, param, messages,
                                                                       add_generation_prompt, template_kwargs))
         return await self._run(lambda tok: self._render_own(tok, messages, add_generation_prompt, template_kwargs))
 
-    def _render_untrusted(self, tok, template: str, messages: list[dict], add_generation_prompt: bool,
+    def _render_untrusted(self, tok, template: str, param: str, messages: list[dict], add_generation_prompt: bool,
                           template_kwargs: dict) -> dict:
         kwargs = {**tok.special_tokens_map, **template_kwargs, "add_generation_prompt": add_generation_prompt}
         try:
             text = self.sandbox.render(template, messages, kwargs)
         except ValueError as exc:
-            raise APIError(400, str(exc), param="chat_template") from None
+            raise APIError(400, str(exc), param=param) from None
         return {"prompt": text, "prompt_token_ids": self._encode(tok, text, add_special_tokens=False)}
 
     def _render_own(self, tok, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> dict:

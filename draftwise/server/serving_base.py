@@ -63,7 +63,8 @@ class OpenAIServing:
                            f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
                            param="max_tokens")
 
-    def sampling_params(self, request: _SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: _SamplingRequest, max_tokens: int | None,
+                        logprobs: int | None) -> SamplingParams:
         def given(value, default):
             return default if value is None else value
 
