@@ -259,11 +259,12 @@ class LLMEngine:
             groups.setdefault(item.seq.request_id, []).append(item)
         needs = self.speculator.needs if self.speculator else None
         failing = find_failing(list(groups.values()), lambda items: self.runner.execute(items, needs), error)
-        failed = [list(groups)[i] for i in failing]
+        request_ids = list(groups)
+        failed = [request_ids[i] for i in failing]
         for request_id, exc in zip(failed, failing.values()):
             self._fail_request(request_id, exc)
         kept = [item for item in plan.scheduled if item.seq.request_id not in failed]
-        plan = dataclasses.replace(plan, scheduled=kept, num_batched_tokens=sum(i.num_scheduled_tokens for i in kept))
+        plan = dataclasses.replace(plan, scheduled=kept)
         result = self._execute(plan) if kept else StepResult([], [], [])
         return plan, result, failed
 

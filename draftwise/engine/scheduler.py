@@ -53,11 +53,11 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    num_batched_tokens: int = 0
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
-    def num_scheduled_tokens(self) -> int:
+    def num_batched_tokens(self) -> int:
+        """Rows of the step: every scheduled token, drafts included."""
         return sum(item.num_scheduled_tokens for item in self.scheduled)
 
     @property
@@ -87,13 +87,12 @@ class Scheduler:
         out = SchedulerOutput()
         decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens == 1]
         budget = self._schedule_running(decoding, self.max_num_batched_tokens, out)
-        num_decode_rows = out.num_scheduled_tokens
+        num_decode_rows = out.num_batched_tokens
         prefill = min(budget, self._prefill_budget(num_decode_rows, budget))
         prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens > 1]
         prefill = self._schedule_running(prefilling, prefill, out)
         if not out.preempted:
             prefill = self._admit_waiting(out, prefill)
-        out.num_batched_tokens = out.num_scheduled_tokens
         now = time.time()
         for item in out.scheduled:
             if item.seq.first_scheduled_time is None:

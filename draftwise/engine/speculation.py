@@ -14,7 +14,7 @@
 """
 from __future__ import annotations
 
-from ..paged import BlockManager, KVPool, PagedModel
+from ..paged import BlockManager, KVPool
 from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo

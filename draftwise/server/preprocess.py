@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
 
-from ..sampling_params import is_encodable
+from ..engine.request_checks import check_prompt_text
 from .errors import APIError
 from .template_sandbox import TemplateSandbox
 
@@ -80,8 +80,9 @@ class Preprocessor:
             if self.sandbox is None:
                 raise APIError(400, "a request-supplied chat template is refused: this server does not trust "
                                "request chat templates (start it with --trust-request-chat-template)", param=param)
-            if not isinstance(chat_template, str) or not is_encodable(chat_template):
-                raise APIError(400, "chat_template must be valid Unicode text", param=param)
+            if not isinstance(chat_template, str):
+                raise APIError(400, "chat_template must be a string", param=param)
+            check_text(chat_template, param)
             return await self._run(lambda tok: self._render_untrusted(tok, chat_template, param, messages,
                                                                       add_generation_prompt, template_kwargs))
         return await self._run(lambda tok: self._render_own(tok, messages, add_generation_prompt, template_kwargs))
@@ -119,5 +120,8 @@ class Preprocessor:
 
 
 def check_text(text: str, param: str) -> None:
-    if not is_encodable(text):
-        raise APIError(400, f"{param} must be valid Unicode text (it holds a lone surrogate)", param=param)
+    """The engine's text check (``check_prompt_text``), answered as a 400 naming ``param``."""
+    try:
+        check_prompt_text(text, param)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=param) from None
