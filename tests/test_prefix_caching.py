@@ -1,7 +1,7 @@
 """Automatic prefix caching: outputs with and without it are identical (fp32, greedy and seeded,
 speculation, preemption, eviction under a tiny KV budget), cached blocks are never written,
-hit counters and ``num_cached_tokens`` match a hand count, and methods whose drafter needs every
-prompt position turn it off."""
+hit counters and ``num_cached_tokens`` match a hand count, drafters' K/V in the shared blocks is
+never stale, and methods whose proposer needs every prompt position turn it off."""
 from __future__ import annotations
 
 import pytest
@@ -118,11 +118,55 @@ def test_eviction_and_preemption_under_a_tiny_budget(tiny_model_dir, uncached):
 def test_every_method_with_caching_equals_plain(method, tiny_model_dir, spec_dirs, uncached):
     config = spec_configs(spec_dirs)[method]
     llm = _llm(tiny_model_dir, None, speculative_config=config)
-    needs = llm.llm_engine.speculator.needs
-    assert llm.llm_engine.prefix_caching == (not needs.aux_layer_ids and not (needs.kv_cache and needs.hidden_states))
+    assert llm.llm_engine.prefix_caching == llm.llm_engine.speculator.needs.prefix_cacheable
     first, together = _twice(llm, PROMPTS, PARAMS)
     assert [o.outputs[0].token_ids for o in first + together] == \
         [o.outputs[0].token_ids for o in uncached[0] + uncached[1]]
+    assert llm.llm_engine.prefix_caching == (llm.llm_engine.block_manager.prefix_cache_hits > 0)
+
+
+def _drafter_kv_after_prefill(llm, token_ids) -> tuple[torch.Tensor, int]:
+    """The drafter's K/V of every position it holds once ``token_ids`` has been prefilled (a
+    prefill step and its proposal), and the prompt tokens found in the cache."""
+    engine = llm.llm_engine
+    engine.add_request("probe", {"prompt_token_ids": token_ids}, greedy(2))
+    seq = engine.requests["probe"].seqs[0]
+    for _ in range(3):
+        if seq.drafter_num_computed_tokens >= len(token_ids) - 1:
+            break
+        engine.step()
+    assert seq.drafter_num_computed_tokens >= len(token_ids) - 1
+    positions = range(seq.drafter_num_computed_tokens)
+    slots = torch.tensor([seq.block_ids[p // BLOCK] * BLOCK + p % BLOCK for p in positions])
+    kv = engine.speculator.proposer.kv_cache[:, :, slots].clone()  # [layers, 2, positions, heads, dim]
+    while engine.has_unfinished_requests():
+        engine.step()
+    return kv, seq.num_cached_tokens
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "mtp_one_layer", "dflash"])
+def test_hidden_state_drafters_share_kv_that_is_never_stale(method, tiny_model_dir, spec_dirs, tmp_path_factory):
+    """A hidden-state drafter's K/V read from cached blocks equals what an uncached engine computes
+    at every position, also for a prompt that leaves the cached one at a block's first token (the
+    EAGLE family's K/V at a block's last slot reads that token, so that block is not shared)."""
+    import drafter_ckpts
+    if method == "mtp_one_layer":
+        model = drafter_ckpts.write_mtp_target(tmp_path_factory.mktemp("mtp1") / "m", tiny_model_dir, num_layers=1)
+        config = {"method": "mtp", "model": str(model), "num_speculative_tokens": 2}
+    else:
+        config = spec_configs(spec_dirs)[method]
+    results = {}
+    for caching in (False, True):
+        llm = _llm(tiny_model_dir, caching, speculative_config=config)
+        ids = llm.get_tokenizer()(SYSTEM).input_ids[:45]
+        other = ids[:32] + [next(t for t in ids if t != ids[32])] + ids[33:]  # leaves ``ids`` at token 32
+        llm.generate({"prompt_token_ids": ids}, greedy(4), use_tqdm=False)
+        results[caching] = [_drafter_kv_after_prefill(llm, p) for p in (ids, other)]
+        assert llm.llm_engine.prefix_caching == caching
+    next_token = llm.llm_engine.speculator.needs.kv_reads_next_token
+    assert [hit for _, hit in results[True]] == [32, 16 if next_token else 32]
+    for (cached, _), (uncached, _) in zip(results[True], results[False]):
+        assert cached.shape == uncached.shape and torch.allclose(cached, uncached, atol=1e-5)
 
 
 def test_prefix_cache_keeps_the_first_block_for_a_prefix():

@@ -45,7 +45,7 @@ from ..outputs import RequestOutput
 from ..paged import ForwardInput, KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
-from ..spec_decode.interface import TargetInfo
+from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
@@ -83,9 +83,9 @@ class LLMEngine:
         if self.speculator:
             self.speculator.add_kv(pool)
         self.prefix_caching = self._prefix_caching()
-        drafter_kv = bool(self.speculator and self.speculator.needs.kv_cache)
+        needs = self.speculator.needs if self.speculator else ProposerNeeds()
         self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
-                                           self.prefix_caching, drafter_kv)
+                                           self.prefix_caching, needs.kv_cache, int(needs.kv_reads_next_token))
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
                            self.block_manager.block_table)
@@ -161,17 +161,15 @@ class LLMEngine:
 
     def _prefix_caching(self) -> bool:
         """``enable_prefix_caching`` resolved: on by default, off where a step must compute every
-        prompt position: a KV producer, a proposer reading aux layers, or one building its own KV
-        from the target's hidden states (a drafter's KV built from token ids, ``draft_model``'s, is
-        shared along with the target's)."""
+        prompt position (a KV producer, a proposer that is not ``prefix_cacheable``). A drafter's
+        own KV lives in the same blocks and is shared along with the target's (``BlockManager``)."""
         asked = self.config.enable_prefix_caching
-        needs = self.speculator.needs if self.speculator else None
         reason = None
         if self.config.kv_transfer is not None:
             reason = "a KV transfer producer computes every prompt position"
-        elif needs is not None and (needs.aux_layer_ids or needs.kv_cache and needs.hidden_states):
-            reason = (f"the {self.config.speculative.method} proposer reads the target's hidden states at "
-                      "every prompt position")
+        elif self.speculator and not self.speculator.needs.prefix_cacheable:
+            reason = (f"the {self.config.speculative.method} proposer needs the target's states at every "
+                      "prompt position, or keeps state outside its KV blocks")
         if reason and asked:
             logger.warning("draftwise: prefix caching is off: %s", reason)
         elif reason is None and asked is not False:

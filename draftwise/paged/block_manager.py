@@ -36,7 +36,7 @@ from .prefix_cache import PrefixCache, block_keys
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 drafter_kv: bool = False):
+                 drafter_kv: bool = False, key_lookahead: int = 0):
         if num_blocks < 1:
             raise ValueError(f"the KV cache holds no block of {block_size} tokens: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
@@ -46,6 +46,7 @@ class BlockManager:
         self.block_table = BlockTable()  # every sequence's block ids, as one tensor
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.drafter_kv = drafter_kv  # a drafter keeps K/V in the same blocks: share what it computed too
+        self.key_lookahead = key_lookahead  # 1: that drafter's K/V at p reads token p + 1 (prefix_cache.py)
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)
 
@@ -90,7 +91,9 @@ class BlockManager:
         (full blocks of every token but the last, which must be computed); returns the tokens found."""
         if self.prefix_cache is None or seq.block_ids:
             return 0
-        keys = block_keys(seq.all_token_ids[:seq.num_tokens - 1], self.block_size)
+        # Blocks of every token but the last (it must be computed), plus their lookahead tokens.
+        keys = block_keys(seq.all_token_ids[:seq.num_tokens - 1 + self.key_lookahead], self.block_size,
+                          lookahead=self.key_lookahead)
         blocks = self.prefix_cache.lookup(keys)
         for block_id in blocks:
             if self.ref_counts[block_id] == 0:
@@ -122,7 +125,8 @@ class BlockManager:
         if num_full <= done:
             return
         parent = seq.block_keys[-1] if done else None
-        keys = block_keys(seq.all_token_ids[:num_full * self.block_size], self.block_size, parent, done)
+        keys = block_keys(seq.all_token_ids[:num_full * self.block_size + self.key_lookahead], self.block_size,
+                          parent, done, self.key_lookahead)
         for i, key in enumerate(keys, start=done):
             self.prefix_cache.insert(key, seq.block_ids[i])
         seq.block_keys.extend(keys)

@@ -57,12 +57,14 @@ class KVPool:
         return sum(spec.bytes_per_token(self.dtype) for spec in self.specs.values())
 
     def allocate(self, budget_bytes: int | None, max_num_seqs: int, max_model_len: int,
-                 enable_prefix_caching: bool = False, drafter_kv: bool = False) -> BlockManager:
+                 enable_prefix_caching: bool = False, drafter_kv: bool = False,
+                 key_lookahead: int = 0) -> BlockManager:
         """Size the pool (``budget_bytes`` None: the default) and allocate every member's tensor."""
         per_token = self.bytes_per_token
         budget = budget_bytes or default_kv_cache_bytes(per_token, max_num_seqs, max_model_len, self.device)
         num_blocks = budget // (per_token * self.block_size)
-        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching, drafter_kv)
+        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching, drafter_kv,
+                                          key_lookahead)
         for name, spec in self.specs.items():
             shape = (spec.num_layers, 2, num_blocks * self.block_size, spec.num_kv_heads, spec.head_dim)
             self.tensors[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)

@@ -4,7 +4,10 @@ A block is cached once it is full and every position in it is computed (and,
 with speculation, accepted): its key is the hash of (the previous block's key,
 its token ids), so a key names the whole prefix up to the block's end and the
 same tokens at another offset never match. Only the token ids change a
-block's K/V here (one model, no adapters, no multimodal inputs).
+block's K/V here (one model, no adapters, no multimodal inputs), with one
+exception: a drafter whose K/V at position ``p`` reads token ``p + 1`` (the
+EAGLE family) makes a block's last slot depend on the next block's first
+token, so its keys take ``lookahead=1`` extra token.
 
 ``PrefixCache`` only maps keys to block ids; the ``BlockManager`` owns
 reference counts, the free list and the hit counters. A cached block stays
@@ -20,12 +23,14 @@ from collections.abc import Sequence as SequenceABC
 
 
 def block_keys(token_ids: SequenceABC[int], block_size: int, parent: int | None = None,
-               start_block: int = 0) -> list[int]:
+               start_block: int = 0, lookahead: int = 0) -> list[int]:
     """Keys of the full blocks of ``token_ids`` from block ``start_block`` on, chained from ``parent``
-    (the key of block ``start_block - 1``, None for the first block)."""
+    (the key of block ``start_block - 1``, None for the first block). With ``lookahead`` a block's
+    key also covers that many following tokens, and a block without them gets no key."""
     keys = []
-    for start in range(start_block * block_size, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+    span = block_size + lookahead
+    for start in range(start_block * block_size, len(token_ids) - span + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start:start + span])))
         keys.append(parent)
     return keys
 

@@ -44,6 +44,10 @@ class ProposerNeeds:
     hidden_states: bool = False  # the target's final-norm hidden state of each computed row
     aux_layer_ids: tuple[int, ...] = ()  # inputs of these target layers, for each computed row
     kv_cache: bool = False  # a KV cache of its own, addressed by the sequences' block tables
+    kv_reads_next_token: bool = False  # its K/V at position p depends on token p + 1 (EAGLE's input shift)
+    # False: it must see the target's states at every prompt position, or keeps per-sequence state
+    # outside its KV blocks, so a prefix found in the cache would leave it short: caching turns off.
+    prefix_cacheable: bool = True
 
 
 @dataclass

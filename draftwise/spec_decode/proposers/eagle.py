@@ -58,7 +58,7 @@ class Eagle1Model(ChainModel):
 @register
 class EagleProposer(ChainProposer):
     method = "eagle"
-    needs = ProposerNeeds(hidden_states=True, kv_cache=True)
+    needs = ProposerNeeds(hidden_states=True, kv_cache=True, kv_reads_next_token=True)
 
     @classmethod
     def check_config(cls, config) -> None:

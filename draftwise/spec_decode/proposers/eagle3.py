@@ -106,5 +106,5 @@ class Eagle3Proposer(ChainProposer):
         super().__init__(config, target)
         ckpt = load_drafter(config.model, self.method)
         ids = aux_layer_ids(ckpt.config, target.hf_config.num_hidden_layers, ckpt.what)
-        self.needs = ProposerNeeds(aux_layer_ids=ids, kv_cache=True)
+        self.needs = ProposerNeeds(aux_layer_ids=ids, kv_cache=True, kv_reads_next_token=True)
         self.model = Eagle3Model(ckpt, target, len(ids))

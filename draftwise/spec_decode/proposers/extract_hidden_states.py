@@ -63,7 +63,7 @@ class ExtractHiddenStatesProposer(Proposer):
                              "'kv_connector_extra_config': {'shared_storage_path': DIR}}")
         hf_config = self.options.draft_model_config.get("hf_config", {})
         ids = aux_layer_ids(hf_config, target.hf_config.num_hidden_layers, f"{PREFIX}['draft_model_config']")
-        self.needs = ProposerNeeds(aux_layer_ids=ids)
+        self.needs = ProposerNeeds(aux_layer_ids=ids, prefix_cacheable=False)  # it saves every prompt row
         self.directory = target.kv_transfer.shared_storage_path
         self.directory.mkdir(parents=True, exist_ok=True)
         self._rows: dict[int, list[torch.Tensor]] = {}  # seq_id -> [num_rows, num_layers, hidden] chunks

@@ -107,7 +107,6 @@ class MtpModel(ChainModel):
 @register
 class MtpProposer(ChainProposer):
     method = "mtp"
-    needs = ProposerNeeds(hidden_states=True, kv_cache=True)
     drafter_in_target = True  # ``model`` defaults to the target's own checkpoint
 
     @classmethod
@@ -129,6 +128,10 @@ class MtpProposer(ChainProposer):
         first = target.hf_config.num_hidden_layers
         ckpt = load_drafter(model, self.method, prefix=tuple(f"model.layers.{first + i}." for i in range(num)))
         self.model = MtpModel(ckpt, target, num)
+        # With several layers, layer j > 0 reads layer j - 1's output at the previous position, kept
+        # outside the KV blocks (``_carry``): a cached prefix could not restore it.
+        self.needs = ProposerNeeds(hidden_states=True, kv_cache=True, kv_reads_next_token=True,
+                                   prefix_cacheable=num == 1)
 
 
 def _num_layers(model: str) -> int | None:
