@@ -29,6 +29,14 @@ chosen per row count by ``kernel_choice.py``): it reads each sequence's K/V
 straight from its blocks, with neither the gathered copy nor the masks.
 ``with_paged_kernel(meta)`` adds the two index tensors it takes.
 
+The kernel is chosen per sequence, by its query rows: in a mixed batch (32
+decodes and one prefill chunk, or one sequence verifying more drafts than the
+kernel is chosen for) ``split_by_kernel`` sends the paged kernel's sequences
+to it and only the others through SDPA, which then gathers only their
+contexts. (One kernel for the whole batch, picked by its longest query, sent
+32 decodes through the gathered path because one sequence had 5 drafts: a
+110 ms step took 250-700 ms.)
+
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
 (pad repeats a valid index), ``context_lens`` = [6, 3]. When every sequence
@@ -74,6 +82,7 @@ class AttentionMetadata:
     sliding_window: int | None = None
     cu_query_lens: torch.Tensor | None = None  # [num_seqs + 1]; set: run the paged CPU kernel
     seq_lens: torch.Tensor | None = None  # [num_seqs] context lengths, with cu_query_lens
+    split: "KernelSplit | None" = None  # set: the sequences take two attention paths
     _sdpa: SdpaIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     def sdpa_index(self) -> SdpaIndex:
@@ -81,6 +90,15 @@ class AttentionMetadata:
             self._sdpa = _sdpa_index(self.query_lens, self.context_lens, self.causal, self.sliding_window,
                                      self.block_table.device)
         return self._sdpa
+
+
+@dataclass
+class KernelSplit:
+    """A batch split between the paged kernel and SDPA; each part's metadata covers its sequences."""
+    paged_rows: torch.Tensor  # [num_paged_tokens] rows of the batch that run on the paged kernel
+    paged: AttentionMetadata
+    sdpa_rows: torch.Tensor  # [num_sdpa_tokens] the other rows
+    sdpa: AttentionMetadata
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -149,6 +167,30 @@ def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
     return dataclasses.replace(meta, cu_query_lens=cu, seq_lens=torch.tensor(meta.context_lens, dtype=torch.int64))
 
 
+def split_by_kernel(meta: AttentionMetadata, kernel_of: list[str]) -> AttentionMetadata:
+    """``meta`` set for the kernel ``kernel_of[query_len]`` picks for each sequence (``paged``,
+    ``fp32`` or ``native``; the last entry serves longer queries): one kernel for the whole batch
+    where they agree, else a ``KernelSplit`` between the paged kernel and SDPA."""
+    pick = lambda q_len: kernel_of[min(q_len, len(kernel_of) - 1)]  # noqa: E731
+    paged = [pick(q) == "paged" and q <= PAGED_MAX_QUERY for q in meta.query_lens]
+    if all(paged) or not any(paged) or not meta.causal:
+        kernel = pick(meta.max_query_len)
+        if kernel == "fp32":
+            return dataclasses.replace(meta, compute_dtype=torch.float32)
+        return with_paged_kernel(meta) if kernel == "paged" else meta
+    device = meta.block_table.device
+    row_on_kernel = torch.tensor(paged).repeat_interleave(torch.tensor(meta.query_lens))  # [num_tokens]
+    parts = []
+    for on_kernel in (True, False):
+        seqs = [i for i, p in enumerate(paged) if p == on_kernel]
+        part = build_metadata(meta.block_table[seqs], [meta.query_lens[i] for i in seqs],
+                              [meta.context_lens[i] for i in seqs], meta.block_size, meta.sliding_window, device)
+        part = with_paged_kernel(part) if on_kernel else split_by_kernel(part, kernel_of)
+        rows = (row_on_kernel == on_kernel).nonzero().squeeze(1)
+        parts += [rows.to(device), part]
+    return dataclasses.replace(meta, split=KernelSplit(*parts))
+
+
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
            key_valid: torch.Tensor,  # [num_seqs, max_ctx]
            query_pos: torch.Tensor | None,  # [num_seqs, max_q]; None: not causal
@@ -173,6 +215,19 @@ def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
                     meta: AttentionMetadata, scale: float,
                     sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     kv_cache[:, meta.slot_mapping] = torch.stack((k, v))
+    return _attend(q, kv_cache, meta, scale, sliding)
+
+
+def _attend(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+            kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim], this step's K/V written
+            meta: AttentionMetadata, scale: float,
+            sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+    if meta.split is not None:
+        split = meta.split
+        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+        out[split.paged_rows] = _attend(q[split.paged_rows], kv_cache, split.paged, scale, sliding)
+        out[split.sdpa_rows] = _attend(q[split.sdpa_rows], kv_cache, split.sdpa, scale, sliding)
+        return out
     if meta.cu_query_lens is not None:
         window = meta.sliding_window if sliding and meta.sliding_window else 0
         out = torch.ops.draftwise_cpu.paged_attention(q.contiguous(), kv_cache, meta.block_table, meta.cu_query_lens,

@@ -19,7 +19,6 @@ the fp32 reference than a pure-bf16 stream would.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import native
-from ..layers.attention import AttentionMetadata, paged_attention, with_paged_kernel
+from ..layers.attention import AttentionMetadata, paged_attention, split_by_kernel
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
@@ -168,10 +167,7 @@ class DecoderLM(nn.Module):
 
     def attention_metadata(self, meta: AttentionMetadata) -> AttentionMetadata:
         """``meta`` set for the attention kernel this model's plan picks for its query rows."""
-        kernel = self._attention_kernels[min(meta.max_query_len, len(self._attention_kernels) - 1)]
-        if kernel == "fp32":
-            return dataclasses.replace(meta, compute_dtype=torch.float32)
-        return with_paged_kernel(meta) if kernel == "paged" else meta
+        return split_by_kernel(meta, self._attention_kernels)
 
     def forward(self, input_ids: torch.Tensor,  # [num_tokens]
                 positions: torch.Tensor,  # [num_tokens]
