@@ -17,6 +17,18 @@ import time
 from .validate import add_compilation_args, compilation_flag, json_flag
 
 
+SERVE_DECODE_STALL_FACTOR = 3.0  # a server's streams: ITL p99 within ~3x p50 while prompts arrive
+
+
+def _stall_factor(text: str) -> float | None:
+    if text.lower() in ("off", "none"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number >= 1 or 'off', got {text!r}") from None
+
+
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="local HF directory, .gguf file, or a bundled name (default: SmolLM2-135M-Instruct)")
@@ -35,9 +47,10 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="share the KV of common prompt prefixes between requests (default: on)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="build the previous step's outputs on a worker thread while each forward runs")
-    parser.add_argument("--decode-stall-factor", type=float, default=None,
+    parser.add_argument("--decode-stall-factor", type=_stall_factor, default=None, metavar="FACTOR|off",
                         help="while sequences decode, bound the prefill joining a step so the step takes at most "
-                             "this many times the decode-only step (e.g. 2; default: no bound)")
+                             f"this many times the decode-only step (default: {SERVE_DECODE_STALL_FACTOR:g} for "
+                             "serve, off elsewhere)")
     limits = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
     limits.add_argument("--max-n", type=int, default=128, help="choices (sequences) per request")
     limits.add_argument("--max-logprobs", type=int, default=20, help="top logprobs per token (vLLM's flag)")
@@ -80,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="same as --model")
     _add_engine_args(serve)
+    serve.set_defaults(decode_stall_factor=SERVE_DECODE_STALL_FACTOR)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", nargs="+", default=None,

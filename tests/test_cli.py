@@ -20,3 +20,13 @@ def test_generate_bad_value_is_one_line_error(tiny_model_dir, capsys):
     _, err = capsys.readouterr()
     assert code == 2
     assert err.startswith("draftwise: error:") and "temperature" in err
+
+
+def test_serve_bounds_prefill_by_default_and_generate_does_not():
+    from draftwise.cli import SERVE_DECODE_STALL_FACTOR, build_parser, engine_kwargs
+
+    parse = lambda *argv: engine_kwargs(build_parser().parse_args(list(argv)))["decode_stall_factor"]  # noqa: E731
+    assert parse("serve", "m") == SERVE_DECODE_STALL_FACTOR == 3.0
+    assert parse("serve", "m", "--decode-stall-factor", "off") is None
+    assert parse("serve", "m", "--decode-stall-factor", "2") == 2.0
+    assert parse("generate", "--prompt", "x") is None

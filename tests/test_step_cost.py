@@ -60,6 +60,21 @@ def test_never_decreasing_in_rows():
     assert times == sorted(times)
 
 
+def test_knots_past_the_measured_ones_keep_the_seeds_slope():
+    """Few-sequence steps run as the seed says (drift ~1) while 32 sequences of long contexts push
+    64 rows far above it, and no step ever runs 96. Rows past 64 still cost what the seed says each
+    row adds (they were priced as free once the knots above were clamped flat to the pushed-up level)."""
+    model = StepCostModel(256)
+    model.seed({1: 0.020, 16: 0.040, 64: 0.100, 256: 0.300})  # ~1 ms per row past 64 rows
+    for _ in range(100):
+        model.observe(8, 0.020 + 7 / 15 * 0.020)
+        model.observe(64, 0.160)
+    seed_slope = (0.300 - 0.100) / 192 * model.drift
+    assert model.seconds(96) - model.seconds(64) >= 0.9 * 32 * seed_slope
+    assert model.seconds(128) > model.seconds(96) > model.seconds(64)
+    assert model.seconds(64) == pytest.approx(0.160, rel=0.05)  # a measured knot keeps its level
+
+
 def test_rows_within_a_time():
     model = StepCostModel.fixed(0.5, 64)  # a step of r rows: 1 + 0.5 (r - 1)
     assert model.ready and not model.free

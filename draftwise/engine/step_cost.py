@@ -169,13 +169,20 @@ class StepCostModel:
         return (self.counts[k] * value + SEED_WEIGHT * prior) / (self.counts[k] + SEED_WEIGHT)
 
     def _known(self) -> list[tuple[int, float]]:
-        """Known knots with their estimates made non-decreasing in rows."""
-        known, top = [], 0.0
+        """Known knots with their estimates made non-decreasing in rows. A knot rises at least by
+        the seed's own increment from the knot before, in the share the seed has in its estimate:
+        a knot that real steps pushed up (32 sequences of long contexts) must not leave the
+        unvisited knots above it flat, which would price every row past it as free."""
+        known, top, last = [], 0.0, None
         for k, x in enumerate(self.knots):
             y = self._estimate(k)
-            if y is not None:
-                top = max(top, y)
-                known.append((x, top))
+            if y is None:
+                continue
+            if last is not None and self.prior[k] is not None and self.prior[last] is not None:
+                increment = max(0.0, self.prior[k] - self.prior[last]) * self.drift
+                y = max(y, top + increment * SEED_WEIGHT / (self.counts[k] + SEED_WEIGHT))
+            top, last = max(top, y), k
+            known.append((x, top))
         return known
 
     def _slope(self, x0: int, x1: int) -> float:
