@@ -22,10 +22,8 @@ import torch
 from draftwise import LLM, SamplingParams
 from draftwise.layers.cpu_info import cpu_signature
 from draftwise.models.loader import resolve_model
+from draftwise.workloads import SYSTEM_PROMPT as SYSTEM
 from draftwise.workloads import load_workload
-
-SYSTEM = ("You are a senior software engineer helping a colleague. Answer precisely, show code when it "
-          "helps, state assumptions, and keep answers short unless asked for detail. ") * 4
 
 
 def ttft_and_answer(llm: LLM, rid: str, prompt: str, max_tokens: int) -> tuple[float, str, int]:

@@ -12,7 +12,14 @@ ITL (gaps between streamed chunks, vLLM's definition: a chunk may carry several 
 drafts were accepted), and the level's prefix-cache hit rate (prompt tokens read from the cache,
 from the server's ``/metrics``). The client is a small stdlib SSE reader, to keep its CPU use low.
 
+With ``--turns T`` (> 1) each request is a conversation instead: a system prompt shared by all
+conversations, then ``T`` user turns (prompts of the workload), every turn resending the
+conversation so far with the answers received, as a chat client does; each turn is a sample.
+A method written ``METHOD:nocache`` runs on a server started with ``--no-enable-prefix-caching``,
+so prefix caching can be compared side by side:
+
     python benchmarks/bench_serve.py --methods none,ngram --concurrency 1,8,32
+    python benchmarks/bench_serve.py --workload chat --turns 4 --methods none:nocache,none
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from draftwise.workloads import load_workload
+from draftwise.workloads import SYSTEM_PROMPT, load_workload
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
@@ -38,6 +45,7 @@ class Sample:
     tpot: float | None
     gaps: list[float]
     num_tokens: int
+    text: str = ""
 
 
 @dataclass
@@ -63,7 +71,7 @@ async def stream_chat(port: int, body: dict) -> Sample:
         raise RuntimeError(f"server answered {status!r}: {await reader.read()!r}")
     while (await reader.readline()) not in (b"\r\n", b""):
         pass
-    times, num_tokens, buffer = [], 0, b""
+    times, num_tokens, buffer, text = [], 0, b"", []
     while True:
         size = int((await reader.readline()).strip() or b"0", 16)
         if size == 0:
@@ -77,25 +85,46 @@ async def stream_chat(port: int, body: dict) -> Sample:
             chunk = json.loads(data)
             if chunk.get("usage"):
                 num_tokens = chunk["usage"]["completion_tokens"]
-            if any(c["delta"].get("content") for c in chunk["choices"]):
+            content = "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+            if content:
                 times.append(time.perf_counter())
+                text.append(content)
     writer.close()
     gaps = [b - a for a, b in zip(times, times[1:])]
     tpot = (times[-1] - times[0]) / (num_tokens - 1) if num_tokens > 1 and times else None
-    return Sample(ttft=times[0] - start if times else float("nan"), tpot=tpot, gaps=gaps, num_tokens=num_tokens)
+    return Sample(ttft=times[0] - start if times else float("nan"), tpot=tpot, gaps=gaps, num_tokens=num_tokens,
+                  text="".join(text))
+
+
+def chat_body(messages: list[dict], max_tokens: int) -> dict:
+    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
+async def converse(port: int, prompts, first: int, turns: int, max_tokens: int) -> list[Sample]:
+    """One conversation: the shared system prompt, then ``turns`` user turns (prompts from ``first``
+    on), each request carrying every earlier turn and answer."""
+    messages, samples = [{"role": "system", "content": SYSTEM_PROMPT}], []
+    for t in range(turns):
+        messages.append(prompts[(first + t) % len(prompts)].messages[-1])
+        samples.append(await stream_chat(port, chat_body(messages, max_tokens)))
+        messages.append({"role": "assistant", "content": samples[-1].text})
+    return samples
 
 
 async def run_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
-                    time_limit: float) -> Level:
+                    time_limit: float, turns: int = 1) -> Level:
     level, queue = Level(), list(range(num_requests))
     deadline = time.perf_counter() + time_limit
 
     async def client() -> None:
         while queue and time.perf_counter() < deadline:
             i = queue.pop(0)
-            body = {"messages": prompts[i % len(prompts)].messages, "max_tokens": max_tokens, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}}
-            level.samples.append(await stream_chat(port, body))
+            if turns > 1:
+                level.samples.extend(await converse(port, prompts, i * turns, turns, max_tokens))
+            else:
+                level.samples.append(await stream_chat(port, chat_body(prompts[i % len(prompts)].messages,
+                                                                       max_tokens)))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -116,16 +145,16 @@ def prefix_cache_counters(port: int) -> tuple[float, float]:
 
 
 def measure_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
-                  time_limit: float) -> Level:
+                  time_limit: float, turns: int = 1) -> Level:
     queries, hits = prefix_cache_counters(port)
-    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit))
+    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit, turns))
     new_queries, new_hits = prefix_cache_counters(port)
     if new_queries > queries:
         level.prefix_hit_rate = (new_hits - hits) / (new_queries - queries)
     return level
 
 
-def start_server(args, spec: dict | None, log) -> tuple[subprocess.Popen, int]:
+def start_server(args, spec: dict | None, log, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, int]:
     import socket
 
     with socket.socket() as sock:
@@ -137,7 +166,7 @@ def start_server(args, spec: dict | None, log) -> tuple[subprocess.Popen, int]:
         cmd[4:4] = [args.model]
     if spec:
         cmd += ["-sc", json.dumps(spec)]
-    cmd += args.server_args.split()
+    cmd += args.server_args.split() + list(extra)
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), port
 
 
@@ -162,7 +191,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency: list[int]) -> None:
-    print(f"{'conc':>4} {'method':<7} {'reqs':>4} {'req/s':>6} {'tok/s':>7} {'speedup':>7}  "
+    print(f"{'conc':>4} {'method':<13} {'reqs':>4} {'req/s':>6} {'tok/s':>7} {'speedup':>7}  "
           f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}  {'cached':>6}")
     for c in concurrency:
         base = levels[(c, methods[0])]
@@ -173,7 +202,7 @@ def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency
             tpot = [s.tpot * 1e3 for s in lv.samples if s.tpot is not None]
             gaps = [g * 1e3 for s in lv.samples for g in s.gaps]
             speedup = tok_s / (base.num_tokens / base.seconds)
-            print(f"{c:>4} {method:<7} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
+            print(f"{c:>4} {method:<13} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
                   f"{speedup:>6.2f}x  {pct(ttft, .5):>6.0f} {pct(ttft, .9):>6.0f} {pct(ttft, .99):>7.0f}  "
                   f"{pct(tpot, .5):>6.1f} {pct(tpot, .9):>6.1f} {pct(tpot, .99):>7.1f}  "
                   f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  {100 * lv.prefix_hit_rate:>5.0f}%")
@@ -186,10 +215,12 @@ def main() -> None:
     parser.add_argument("--workload", default="code-edit")
     parser.add_argument("--methods", default="none,ngram", help="none and/or speculative methods")
     parser.add_argument("--speculative-config", default=json.dumps(NGRAM),
-                        help="JSON config used for method 'ngram' (others: method only)")
+                        help="JSON config used for the method it names (others: method and 5 drafts)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=1, help="user turns per conversation (> 1: multi-turn chats "
+                        "sharing a system prompt, each turn a sample)")
     parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per (level, method)")
     parser.add_argument("--log-dir", default=None, help="keep each server's log here as METHOD.log "
                         "(default: a temporary directory, deleted at the end)")
@@ -201,6 +232,7 @@ def main() -> None:
     prompts = load_workload(args.workload, num_prompts=max(args.concurrency + [args.min_requests]))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat"
+          f"{f', {args.turns}-turn conversations sharing a system prompt' if args.turns > 1 else ''}"
           f"{'; server flags: ' + args.server_args if args.server_args else ''}")
     logs = tempfile.TemporaryDirectory()
     log_dir = args.log_dir or logs.name
@@ -208,11 +240,14 @@ def main() -> None:
     servers = {}
     try:
         for method in methods:
-            spec = None if method == "none" else json.loads(args.speculative_config) if method == "ngram" \
-                else {"method": method, "num_speculative_tokens": 5}
-            log = open(os.path.join(log_dir, f"{method}.log"), "w")
-            servers[method] = start_server(args, spec, log)
-            print(f"{method}: speculative_config {spec}")
+            name, _, variant = method.partition(":")
+            given = json.loads(args.speculative_config)
+            spec = None if name == "none" else given if name == given.get("method") \
+                else {"method": name, "num_speculative_tokens": 5}
+            extra = ("--no-enable-prefix-caching",) if variant == "nocache" else ()
+            log = open(os.path.join(log_dir, f"{method.replace(':', '-')}.log"), "w")
+            servers[method] = start_server(args, spec, log, extra)
+            print(f"{method}: speculative_config {spec}{' ' + ' '.join(extra) if extra else ''}")
         for method, (proc, port) in servers.items():
             wait_healthy(proc, port)
             asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up
@@ -221,7 +256,7 @@ def main() -> None:
             for method in methods:
                 num = max(c, args.min_requests)
                 levels[(c, method)] = measure_level(servers[method][1], prompts, c, num, args.max_tokens,
-                                                    args.time_limit)
+                                                    args.time_limit, args.turns)
         report(levels, methods, args.concurrency)
         print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORKLOADS = ("humaneval", "code-edit", "chat", "json")
+# The system prompt multi-turn benchmarks share between conversations (~150 tokens with SmolLM2's template).
+SYSTEM_PROMPT = ("You are a senior software engineer helping a colleague. Answer precisely, show code when it "
+                 "helps, state assumptions, and keep answers short unless asked for detail. ") * 4
 CODE_EDIT_SIZE = 40
 CODE_EDIT_MODULES = ("textwrap", "json.encoder", "json.decoder", "shlex", "fnmatch", "difflib", "heapq", "bisect",
                      "calendar", "string", "csv", "configparser", "glob", "gettext", "locale", "pprint")
