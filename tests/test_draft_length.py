@@ -44,6 +44,30 @@ def test_one_sequence_follows_the_classic_rule():
     assert _one(jump, 0.38, 1) == 0 and _one(jump, 0.38, 10) >= 3
 
 
+def test_a_drafter_forward_per_draft_is_priced():
+    """EAGLE's chain: the first draft comes with the ingested row, each further one costs a drafter
+    forward. Rows nearly free, forwards at 15% of a step: with 40% acceptance only the free first
+    draft pays; with 95%, deep chains do; a fixed model (unit: a one-row step) ignores seconds."""
+    policy = _measured({1: 0.020, 8: 0.021})
+    chain = lambda depth: max(0, depth - 1) * 0.003  # noqa: E731
+    assert policy.allocate([[0.4 ** (j + 1) for j in range(5)]], 1)[0] >= 4  # unpriced: nearly every draft
+    assert policy.allocate([[0.4 ** (j + 1) for j in range(5)]], 1, chain) == [1]
+    assert policy.allocate([[0.95 ** (j + 1) for j in range(5)]], 1, chain) == [5]
+    assert policy.allocate([[0.4] * 2] * 8, 8, chain) == [2] * 8  # one forward serves 8 sequences: it pays
+    assert _linear(0.001).allocate([[0.4 ** (j + 1) for j in range(5)]], 1, chain)[0] > 1
+
+
+def test_model_drafters_measure_their_forwards(tiny_model_dir, spec_dirs):
+    from test_spec_equivalence import spec_configs
+
+    for method in ("eagle", "draft_model", "dflash"):
+        llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=spec_configs(spec_dirs)[method])
+        proposer = llm.llm_engine.speculator.proposer
+        assert proposer.drafting_seconds(3) == 0.0  # nothing timed yet: drafts are tried first
+        llm.generate(PROMPTS[:2], greedy(12, ignore_eos=True), use_tqdm=False)
+        assert proposer.drafting_seconds(3) > 0.0 and proposer.drafting_seconds(0) == 0.0, method
+
+
 def test_allocation_is_the_best_set_of_prefixes():
     """Brute force over every combination of per-sequence draft lengths, on random cost curves."""
     rng = random.Random(0)

@@ -22,7 +22,9 @@ whole batch with two estimates:
 per second. Every sequence that decodes yields one token; the base rows
 (those decodes) cost ``seconds(base)``; adding the
 ``m`` drafts with the largest gains yields ``sum(gains)`` more tokens for
-``seconds(base + m)``. Since a sequence's gains shrink with depth, the best set
+``seconds(base + m)`` plus the proposer's own time to draft that deep
+(``Proposer.drafting_seconds(depth)``, measured: a model-based drafter runs a
+forward per draft, which at one request can cost more than the rows). Since a sequence's gains shrink with depth, the best set
 of ``m`` drafts is the ``m`` largest gains, and the best ``m`` is found in one
 pass. With one sequence this is the classic rule (draft ``k`` tokens while
 ``(1 + alpha + ... + alpha^k) / cost(1 + k)`` still rises); in a batch large
@@ -31,6 +33,8 @@ enough that rows are not free, speculation steps aside on its own.
 The choice only changes speed: verification is lossless whatever the length.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -42,6 +46,12 @@ PSEUDO = 1.0  # weight of the prior, in trials
 DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
 WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed again after ~40 steps
 
+DraftingSeconds = Callable[[int], float]  # depth -> the proposer's seconds to draft that deep
+
+
+def _FREE(depth: int) -> float:
+    return 0.0
+
 
 class DraftLengthPolicy:
     def __init__(self, step_cost: StepCostModel):
@@ -52,13 +62,14 @@ class DraftLengthPolicy:
         """False while drafts are free or cannot be priced yet (every draft is then kept)."""
         return self.step_cost.ready and not self.step_cost.free
 
-    def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int) -> list[int]:
+    def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int,
+               drafting_seconds: DraftingSeconds = _FREE) -> list[int]:
         """Cut each ``max_num_drafts[i]`` to what ``seqs[i]``'s acceptance rate makes worth
         verifying in a step of ``num_base_rows`` rows before drafts."""
         if not self.prices_rows:
             return list(max_num_drafts)
         gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
-        chosen = self.allocate(gains, num_base_rows)
+        chosen = self.allocate(gains, num_base_rows, drafting_seconds)
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
                 seq.draft_accepted *= WITHHELD_DECAY
@@ -70,17 +81,24 @@ class DraftLengthPolicy:
         (``confidence[i][j]``: its estimate that drafts 0..j of sequence i are all accepted)."""
         if not self.prices_rows:
             return list(num_drafts)
+        # (the drafts exist: the time spent drafting them is not a reason to cut them)
         return self.allocate([conf[:num] for conf, num in zip(confidence, num_drafts)], num_base_rows)
 
-    def allocate(self, gains: list[list[float]], num_base_rows: int) -> list[int]:
+    def allocate(self, gains: list[list[float]], num_base_rows: int,
+                 drafting_seconds: DraftingSeconds = _FREE) -> list[int]:
         """Drafts per sequence that maximise expected tokens per second (see the module docstring).
-        ``gains[i][j]``: expected tokens added by sequence i's (j + 1)-th draft, non-increasing in j."""
+        ``gains[i][j]``: expected tokens added by sequence i's (j + 1)-th draft, non-increasing in j.
+        ``drafting_seconds(depth)``: the proposer's time to draft that deep (ignored by a fixed
+        model, whose unit is a one-row step, not seconds)."""
         entries = sorted(((-g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row) if g > 0.0))
         chosen = [0] * len(gains)
         if not entries:
             return chosen
         base_rows = max(1, num_base_rows)
         seconds = self.step_cost.seconds_many(base_rows + np.arange(len(entries) + 1, dtype=np.float64))
+        if not self.step_cost.frozen:
+            depths = np.maximum.accumulate([0] + [j + 1 for _, j, _ in entries])  # deepest draft of each prefix
+            seconds = seconds + np.array([drafting_seconds(int(d)) for d in depths])
         tokens = len(gains) - np.concatenate(([0.0], np.cumsum([e[0] for e in entries])))
         best = int(np.argmax(tokens / seconds))  # the first of equal rates: fewer rows
         for _, _, i in entries[:best]:

@@ -78,7 +78,8 @@ class Speculator:
         if not seqs and result.target_hidden is None:
             return  # (a proposer reading hidden states still sees the rows of prefill chunks)
         num_base_rows = len(seqs)
-        limits = self.policy.limits(seqs, [self._max_num_drafts(seq) for seq in seqs], num_base_rows)
+        limits = self.policy.limits(seqs, [self._max_num_drafts(seq) for seq in seqs], num_base_rows,
+                                    self.proposer.drafting_seconds)
         limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
         if not seqs:

@@ -35,6 +35,7 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata
 from ..paged import ForwardInput, KVCacheSpec, prepare_batch
+from .forward_timer import ForwardTimer
 from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
 
 
@@ -87,6 +88,11 @@ class ChainProposer(Proposer):
     """Base of the chain drafters; a subclass builds ``self.model`` and says what it reads."""
 
     model: ChainModel
+    chain_timer: ForwardTimer | None = None
+
+    def drafting_seconds(self, depth: int) -> float:
+        """The first draft comes from the ingested row; each further one is a chain step."""
+        return max(0, depth - 1) * self.chain_timer.seconds if self.chain_timer else 0.0
 
     def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
         """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
@@ -180,10 +186,12 @@ class ChainProposer(Proposer):
                 inputs.append(ForwardInput([chain[p - base - 1] for p in span], span.start, seq.block_ids))
                 inputs_hidden.extend(outputs[j][p - 1 - base] for p in span)
                 last[j] = base + step
-            ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
-            out = self.model.step(step, ids, pos, torch.stack(inputs_hidden), self.kv_cache, meta)
-            ends = out[torch.tensor(cu[1:], device=out.device) - 1]  # [len(keep), hidden]
-            tokens = self.model.draft_ids(step, ends).tolist()
+            self.chain_timer = self.chain_timer or ForwardTimer()
+            with self.chain_timer.timing():
+                ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+                out = self.model.step(step, ids, pos, torch.stack(inputs_hidden), self.kv_cache, meta)
+                ends = out[torch.tensor(cu[1:], device=out.device) - 1]  # [len(keep), hidden]
+                tokens = self.model.draft_ids(step, ends).tolist()
             for n, j in enumerate(keep):
                 if len(drafts[rows[j]]) < limits[rows[j]]:
                     drafts[rows[j]].append(tokens[n])

@@ -144,6 +144,12 @@ class Proposer(ABC):
     def propose(self, batch: ProposeBatch) -> DraftBatch:
         ...
 
+    def drafting_seconds(self, depth: int) -> float:
+        """Seconds this proposer spends per step to draft ``depth`` tokens deep, beyond the work it
+        does every step anyway (ingesting the target's rows): its drafter forwards, measured. The
+        draft-length policy adds it to the step's cost; lookups (ngram, suffix) cost ~0."""
+        return 0.0
+
     def on_finished(self, seq: "Sequence") -> None:
         """Release any state kept for ``seq`` (finished, aborted or preempted)."""
 

@@ -30,6 +30,7 @@ from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
 from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, place
+from ..forward_timer import ForwardTimer
 from ..interface import DraftBatch, ProposeBatch, ProposerNeeds, TargetHidden, register
 
 
@@ -114,6 +115,11 @@ class DFlashProposer(ChainProposer):
             raise ValueError(f"{ckpt.what}: dflash_config.mask_token_id={self.mask_token_id!r} must be a token id "
                              f"of the target's vocabulary [0, {target.vocab_size})")
         self.model = DFlashModel(ckpt, target, len(ids))
+        self.block_timer = ForwardTimer()
+
+    def drafting_seconds(self, depth: int) -> float:
+        """One forward drafts the whole block, whatever its depth."""
+        return self.block_timer.seconds if depth > 0 else 0.0
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -127,7 +133,8 @@ class DFlashProposer(ChainProposer):
                                    batch.seqs[i].num_tokens - 1, batch.seqs[i].block_ids) for i in rows]
             ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device,
                                                causal=False)
-            tokens = self.model.draft_block(ids, pos, self.kv_cache, meta).tolist()
+            with self.block_timer.timing():
+                tokens = self.model.draft_block(ids, pos, self.kv_cache, meta).tolist()
             for n, i in enumerate(rows):
                 drafts[i] = tokens[cu[n] + 1:cu[n + 1]]
         return DraftBatch.from_lists(drafts)

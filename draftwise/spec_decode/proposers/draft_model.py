@@ -29,6 +29,7 @@ from ...paged import ForwardInput, KVCacheSpec, PagedModel
 from ...sample import build_sampling_metadata
 from ...sample.logits import target_probs, uniform_noise
 from ...validate import PREFIX, check_choice
+from ..forward_timer import ForwardTimer
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 
 DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
@@ -65,6 +66,10 @@ class DraftModelProposer(Proposer):
                              f"fewer than max_model_len={target.max_model_len}; lower max_model_len")
         self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len)
         self.paged: PagedModel | None = None
+        self.timer = ForwardTimer()  # one draft-model forward (a draft for each drafting sequence)
+
+    def drafting_seconds(self, depth: int) -> float:
+        return depth * self.timer.seconds
 
     def kv_cache_spec(self) -> KVCacheSpec:
         return PagedModel.kv_cache_spec(self.model)
@@ -81,9 +86,10 @@ class DraftModelProposer(Proposer):
                                batch.seqs[i].drafter_num_computed_tokens, batch.seqs[i].block_ids) for i in rows]
         step = 0
         while rows:
-            hidden, _, cu = self.paged.forward(inputs)
-            logits = self.model.compute_logits(hidden[torch.tensor(cu[1:]) - 1])  # [num_rows, vocab]
-            tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
+            with self.timer.timing():
+                hidden, _, cu = self.paged.forward(inputs)
+                logits = self.model.compute_logits(hidden[torch.tensor(cu[1:]) - 1])  # [num_rows, vocab]
+                tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
             next_rows, inputs = [], []
             for row, (i, token) in enumerate(zip(rows, tokens.tolist())):
                 seq = batch.seqs[i]
