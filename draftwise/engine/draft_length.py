@@ -24,9 +24,10 @@ per second. Every sequence that decodes yields one token; the base rows
 ``m`` drafts with the largest gains yields ``sum(gains)`` more tokens for
 ``seconds(base + m)`` plus the proposer's own time to draft that deep
 (``Proposer.drafting_seconds(depth)``, measured: a model-based drafter runs a
-forward per draft, which at one request can cost more than the rows). Since a sequence's gains shrink with depth, the best set
-of ``m`` drafts is the ``m`` largest gains, and the best ``m`` is found in one
-pass. With one sequence this is the classic rule (draft ``k`` tokens while
+forward per draft, which at one request can cost more than the rows). Since a
+sequence's gains shrink with depth, the best set of ``m`` drafts is the ``m``
+largest gains, and the best ``m`` is found in one pass. With one sequence this
+is the classic rule (draft ``k`` tokens while
 ``(1 + alpha + ... + alpha^k) / cost(1 + k)`` still rises); in a batch large
 enough that rows are not free, speculation steps aside on its own.
 
@@ -49,7 +50,7 @@ WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed a
 DraftingSeconds = Callable[[int], float]  # depth -> the proposer's seconds to draft that deep
 
 
-def _FREE(depth: int) -> float:
+def _free(depth: int) -> float:
     return 0.0
 
 
@@ -63,7 +64,7 @@ class DraftLengthPolicy:
         return self.step_cost.ready and not self.step_cost.free
 
     def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int,
-               drafting_seconds: DraftingSeconds = _FREE) -> list[int]:
+               drafting_seconds: DraftingSeconds = _free) -> list[int]:
         """Cut each ``max_num_drafts[i]`` to what ``seqs[i]``'s acceptance rate makes worth
         verifying in a step of ``num_base_rows`` rows before drafts."""
         if not self.prices_rows:
@@ -85,7 +86,7 @@ class DraftLengthPolicy:
         return self.allocate([conf[:num] for conf, num in zip(confidence, num_drafts)], num_base_rows)
 
     def allocate(self, gains: list[list[float]], num_base_rows: int,
-                 drafting_seconds: DraftingSeconds = _FREE) -> list[int]:
+                 drafting_seconds: DraftingSeconds = _free) -> list[int]:
         """Drafts per sequence that maximise expected tokens per second (see the module docstring).
         ``gains[i][j]``: expected tokens added by sequence i's (j + 1)-th draft, non-increasing in j.
         ``drafting_seconds(depth)``: the proposer's time to draft that deep (ignored by a fixed

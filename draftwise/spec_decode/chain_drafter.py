@@ -88,11 +88,14 @@ class ChainProposer(Proposer):
     """Base of the chain drafters; a subclass builds ``self.model`` and says what it reads."""
 
     model: ChainModel
-    chain_timer: ForwardTimer | None = None
+
+    def __init__(self, config, target):
+        super().__init__(config, target)
+        self.chain_timer = ForwardTimer()  # one chain step (a forward of the drafting sequences)
 
     def drafting_seconds(self, depth: int) -> float:
         """The first draft comes from the ingested row; each further one is a chain step."""
-        return max(0, depth - 1) * self.chain_timer.seconds if self.chain_timer else 0.0
+        return max(0, depth - 1) * self.chain_timer.seconds
 
     def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
         """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
@@ -186,7 +189,6 @@ class ChainProposer(Proposer):
                 inputs.append(ForwardInput([chain[p - base - 1] for p in span], span.start, seq.block_ids))
                 inputs_hidden.extend(outputs[j][p - 1 - base] for p in span)
                 last[j] = base + step
-            self.chain_timer = self.chain_timer or ForwardTimer()
             with self.chain_timer.timing():
                 ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
                 out = self.model.step(step, ids, pos, torch.stack(inputs_hidden), self.kv_cache, meta)
