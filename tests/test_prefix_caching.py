@@ -114,6 +114,22 @@ def test_eviction_and_preemption_under_a_tiny_budget(tiny_model_dir, uncached):
     assert bm.num_free_blocks == bm.num_blocks
 
 
+@pytest.mark.parametrize("method", ["eagle", "draft_model"])
+def test_drafters_sharing_kv_under_eviction_and_preemption(method, tiny_model_dir, spec_dirs, uncached):
+    """A drafter whose K/V lives in the shared blocks, with blocks evicted and sequences preempted
+    (and their drafts rolled back) under a tiny budget: outputs stay those of plain decoding."""
+    config = spec_configs(spec_dirs)[method]
+    target_blocks = 1000 * BLOCK * KV_BYTES_PER_TOKEN  # 1000 blocks of the target's K/V alone
+    probe = _llm(tiny_model_dir, True, speculative_config=config, kv_cache_memory_bytes=target_blocks)
+    per_block = target_blocks // probe.llm_engine.block_manager.num_blocks  # target + drafter bytes
+    llm = _llm(tiny_model_dir, True, speculative_config=config, kv_cache_memory_bytes=15 * per_block)
+    first, together = _twice(llm, PROMPTS, PARAMS)
+    assert _outputs(first) == _outputs(uncached[0]) and _outputs(together) == _outputs(uncached[1])
+    engine = llm.llm_engine
+    assert engine.scheduler.num_preemptions > 0 and engine.block_manager.prefix_cache_hits > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 @pytest.mark.parametrize("method", drafting_methods())
 def test_every_method_with_caching_equals_plain(method, tiny_model_dir, spec_dirs, uncached):
     config = spec_configs(spec_dirs)[method]
