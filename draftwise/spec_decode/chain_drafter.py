@@ -152,11 +152,17 @@ class ChainProposer(Proposer):
                 seqs.append(seq)
         if not inputs:
             return None
-        ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+        ids, pos, meta, cu = self._prepare(inputs)
         features = self.target_features(target, torch.tensor(rows, device=target.hidden_states.device))
         for seq, item in zip(seqs, inputs):
             seq.drafter_num_computed_tokens = item.start + len(item.token_ids)
         return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
+
+    def _prepare(self, inputs: list[ForwardInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
+        """``prepare_batch`` with the attention kernel the target's plan picks for each sequence's
+        query rows: decodes on the paged CPU kernel, not SDPA over gathered contexts."""
+        ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+        return ids, pos, self.target.model.attention_metadata(meta), cu
 
     def _chain(self, seqs, rows: list[int], limits: list[int], hidden: torch.Tensor,
                drafts: list[list[int]]) -> None:
@@ -190,7 +196,7 @@ class ChainProposer(Proposer):
                 inputs_hidden.extend(outputs[j][p - 1 - base] for p in span)
                 last[j] = base + step
             with self.chain_timer.timing():
-                ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
+                ids, pos, meta, cu = self._prepare(inputs)
                 out = self.model.step(step, ids, pos, torch.stack(inputs_hidden), self.kv_cache, meta)
                 ends = out[torch.tensor(cu[1:], device=out.device) - 1]  # [len(keep), hidden]
                 tokens = self.model.draft_ids(step, ends).tolist()
