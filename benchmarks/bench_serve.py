@@ -239,9 +239,9 @@ def main() -> None:
     os.makedirs(log_dir, exist_ok=True)
     servers = {}
     try:
+        given = json.loads(args.speculative_config)
         for method in methods:
             name, _, variant = method.partition(":")
-            given = json.loads(args.speculative_config)
             spec = None if name == "none" else given if name == given.get("method") \
                 else {"method": name, "num_speculative_tokens": 5}
             extra = ("--no-enable-prefix-caching",) if variant == "nocache" else ()

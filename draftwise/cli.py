@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 
+from .config import RequestLimits
 from .validate import add_compilation_args, compilation_flag, json_flag
 
 
@@ -52,10 +53,13 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
                              f"this many times the decode-only step (default: {SERVE_DECODE_STALL_FACTOR:g} for "
                              "serve, off elsewhere)")
     limits = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
-    limits.add_argument("--max-n", type=int, default=128, help="choices (sequences) per request")
-    limits.add_argument("--max-logprobs", type=int, default=20, help="top logprobs per token (vLLM's flag)")
-    limits.add_argument("--max-stop-strings", type=int, default=64, help="stop strings per request")
-    limits.add_argument("--max-stop-string-length", type=int, default=1024, help="characters per stop string")
+    limits.add_argument("--max-n", type=int, default=RequestLimits.max_n, help="choices (sequences) per request")
+    limits.add_argument("--max-logprobs", type=int, default=RequestLimits.max_logprobs,
+                        help="top logprobs per token (vLLM's flag)")
+    limits.add_argument("--max-stop-strings", type=int, default=RequestLimits.max_stop_strings,
+                        help="stop strings per request")
+    limits.add_argument("--max-stop-string-length", type=int, default=RequestLimits.max_stop_string_length,
+                        help="characters per stop string")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -57,11 +57,11 @@ class EngineConfig:
     kv_transfer_config: dict | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
-    # per-request caps that protect the pool (engine/request_checks.py); max_logprobs is vLLM's
-    max_n: int = 128
-    max_logprobs: int = 20
-    max_stop_strings: int = 64
-    max_stop_string_length: int = 1024
+    # per-request caps that protect the pool (engine/request_checks.py); defaults: RequestLimits'
+    max_n: int = RequestLimits.max_n
+    max_logprobs: int = RequestLimits.max_logprobs
+    max_stop_strings: int = RequestLimits.max_stop_strings
+    max_stop_string_length: int = RequestLimits.max_stop_string_length
     # Derived: the validated speculative and compilation configs; the verify rules that act at its draft length
     # (additional_config["rejection_sampler_config"]); the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)

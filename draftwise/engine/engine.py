@@ -82,10 +82,11 @@ class LLMEngine:
         pool.add("target", PagedModel.kv_cache_spec(model))
         if self.speculator:
             self.speculator.add_kv(pool)
+        self.needs = self.speculator.needs if self.speculator else ProposerNeeds()  # what the step must produce
         self.prefix_caching = self._prefix_caching()
-        needs = self.speculator.needs if self.speculator else ProposerNeeds()
         self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
-                                           self.prefix_caching, needs.kv_cache, int(needs.kv_reads_next_token))
+                                           self.prefix_caching, self.needs.kv_cache,
+                                           int(self.needs.kv_reads_next_token))
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
                            self.block_manager.block_table)
@@ -167,7 +168,7 @@ class LLMEngine:
         reason = None
         if self.config.kv_transfer is not None:
             reason = "a KV transfer producer computes every prompt position"
-        elif self.speculator and not self.speculator.needs.prefix_cacheable:
+        elif not self.needs.prefix_cacheable:
             reason = (f"the {self.config.speculative.method} proposer needs the target's states at every "
                       "prompt position, or keeps state outside its KV blocks")
         if reason and asked:
@@ -255,8 +256,7 @@ class LLMEngine:
         groups: dict[str, list] = {}
         for item in plan.scheduled:
             groups.setdefault(item.seq.request_id, []).append(item)
-        needs = self.speculator.needs if self.speculator else None
-        failing = find_failing(list(groups.values()), lambda items: self.runner.execute(items, needs), error)
+        failing = find_failing(list(groups.values()), lambda items: self.runner.execute(items, self.needs), error)
         request_ids = list(groups)
         failed = [request_ids[i] for i in failing]
         for request_id, exc in zip(failed, failing.values()):
@@ -281,7 +281,7 @@ class LLMEngine:
     def _execute(self, plan: SchedulerOutput) -> StepResult:
         """Run the planned step on the target, timing it into the step-cost models in use."""
         start = time.perf_counter()
-        result = self.runner.execute(plan.scheduled, self.speculator.needs if self.speculator else None)
+        result = self.runner.execute(plan.scheduled, self.needs)
         seconds = time.perf_counter() - start
         if self._bounds_prefill:
             self.step_cost.observe(plan.num_batched_tokens, seconds)
