@@ -47,6 +47,7 @@ class EngineConfig:
     enforce_eager: bool = False
     enable_prefix_caching: bool | None = None  # None: on (as in vLLM) where the method allows it
     async_scheduling: bool = False  # overlap a step's forward with the previous step's output building
+    disable_log_stats: bool = False  # no periodic throughput / acceptance log lines (vLLM's argument)
     # while sequences decode, a step with prefill may take at most this many times the decode-only step
     # (predicted by the step-cost model); None: prefill chunks fill max_num_batched_tokens, as in vLLM
     decode_stall_factor: float | None = None
@@ -100,6 +101,8 @@ class EngineConfig:
                              f"got {self.decode_stall_factor!r}")
         if not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        if not isinstance(self.disable_log_stats, bool):
+            raise ValueError(f"disable_log_stats must be True or False, got {self.disable_log_stats!r}")
         if not isinstance(self.enforce_eager, bool):
             raise ValueError(f"enforce_eager={self.enforce_eager!r} must be a bool")
         if self.device not in _DEVICES:
