@@ -9,8 +9,13 @@
 3. (the engine appends the emitted tokens and releases finished sequences)
 4. ``propose``: the proposer drafts for every sequence still running, each
    clipped to ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``,
-   the drafts worth verifying in this batch (``draft_length.py``, priced by the
-   engine's ``StepCostModel``) and the KV blocks it can get.
+   the batch-size limits of ``speculative_config`` (``disable_by_batch_size``,
+   ``num_speculative_tokens_per_batch_size``: ``spec_decode/batch_limits.py``,
+   counted over the sequences still running), the drafts worth verifying in
+   this batch (``draft_length.py``, priced by the engine's ``StepCostModel``)
+   and the KV blocks it can get. A sequence whose length plus
+   ``num_speculative_tokens`` would pass ``speculative_config["max_model_len"]``
+   (the drafter's context limit) gets no drafts: it decodes plainly.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
 from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
+from ..validate import PREFIX
 from .draft_length import DraftLengthPolicy
 from .model_runner import StepResult
 from .step_cost import StepCostModel
@@ -28,10 +34,15 @@ DRAFTER_KV = "drafter"  # the proposer's member of the KV pool
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, target: TargetInfo):
+        if config.max_model_len is not None and config.max_model_len > target.max_model_len:
+            raise ValueError(f"{PREFIX}['max_model_len']={config.max_model_len} is invalid: must be <= the "
+                             f"target's max_model_len ({target.max_model_len})")
         self.config = config
         self.proposer = config.proposer_cls(config, target)
         self.num_spec_tokens = config.num_speculative_tokens
         self.max_model_len = target.max_model_len
+        self.drafter_max_model_len = config.max_model_len  # None: the target's clipping only
+        self.batch_limits = config.batch_limits
         self.stats = SpecDecodingStats(self.num_spec_tokens)
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
@@ -78,8 +89,10 @@ class Speculator:
         if not seqs and result.target_hidden is None:
             return  # (a proposer reading hidden states still sees the rows of prefill chunks)
         num_base_rows = len(seqs)
-        limits = self.policy.limits(seqs, [self._max_num_drafts(seq) for seq in seqs], num_base_rows,
-                                    self.proposer.drafting_seconds)
+        batch_limit = self.batch_limits.num_spec_tokens(len({seq.request_id for seq in seqs}), len(seqs),
+                                                        self.num_spec_tokens)
+        limits = self.policy.limits(seqs, [min(batch_limit, self._max_num_drafts(seq)) for seq in seqs],
+                                    num_base_rows, self.proposer.drafting_seconds)
         limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
         drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
         if not seqs:
@@ -93,6 +106,9 @@ class Speculator:
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
 
     def _max_num_drafts(self, seq: Sequence) -> int:
+        drafter_limit = self.drafter_max_model_len
+        if drafter_limit is not None and seq.num_tokens + self.num_spec_tokens > drafter_limit:
+            return 0  # past the drafter's context limit: no drafts (as vLLM skips such sequences)
         limit = min(self.num_spec_tokens, self.max_model_len - seq.num_tokens - 1)
         if seq.params.max_tokens is not None:
             limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)

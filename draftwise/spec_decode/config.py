@@ -3,10 +3,13 @@
 ``SpeculativeConfig.from_value(raw, target_tensor_parallel_size)`` accepts a
 dict or its JSON text (what ``--speculative-config`` / ``-sc`` carries).
 Common keys are checked here; the keys of one method are the fields of its
-proposer's ``Options`` dataclass, which validates them. Every violation
-raises ``ValueError`` naming the key, the value and what is allowed;
-unknown keys are an error. The registry of proposers (``interface.py``) is
-the only list of methods: a method is valid when a proposer registered it.
+proposer's ``Options`` dataclass, which validates them; vLLM's keys that
+select nothing here are accepted as logged no-ops or refused
+(``vllm_keys.py``). Switches read vLLM's spellings ("False", "true", 1, ...:
+``validate.read_bools``). Every violation raises ``ValueError`` naming the
+key, the value and what is allowed; unknown keys are an error. The registry
+of proposers (``interface.py``) is the only list of methods: a method is
+valid when a proposer registered it.
 """
 from __future__ import annotations
 
@@ -15,12 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..drafters import resolve_drafter
-from ..validate import PREFIX, check_bool, check_choice, check_int, parse_json
+from ..validate import PREFIX, check_choice, check_int, parse_json, read_bools
+from .batch_limits import SCHEDULE_KEY, BatchSizeLimits, Schedule, parse_schedule
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class, registered_methods
+from .vllm_keys import KEYS as VLLM_KEYS
+from .vllm_keys import check_vllm_keys
 
 _COMMON_KEYS = ("method", "num_speculative_tokens", "model", "draft_model", "draft_tensor_parallel_size",
-                "disable_padded_drafter_batch")
+                "tensor_parallel_size", "disable_padded_drafter_batch", "max_model_len", "disable_by_batch_size",
+                SCHEDULE_KEY)
 
 
 @dataclass
@@ -30,6 +37,11 @@ class SpeculativeConfig:
     model: str | None = None
     draft_tensor_parallel_size: int = 1
     disable_padded_drafter_batch: bool = False  # only meaningful for drafters with a batched forward
+    # The drafter's context limit: a sequence whose length plus num_speculative_tokens would pass it
+    # gets no drafts (the engine checks it against the target's max_model_len).
+    max_model_len: int | None = None
+    disable_by_batch_size: int | None = None  # no drafts while this many requests run (batch_limits.py)
+    num_speculative_tokens_per_batch_size: Schedule | None = None  # k by batch size (batch_limits.py)
     options: Any = None  # the method's Options instance
     proposer_cls: type[Proposer] | None = dataclasses.field(default=None, repr=False)
 
@@ -42,23 +54,31 @@ class SpeculativeConfig:
         if proposer.drafter_in_target and _model(raw) is None and target_model:
             raw["model"] = str(target_model)
         option_keys = [f.name for f in dataclasses.fields(proposer.Options)]
-        unknown = sorted(set(raw) - set(_COMMON_KEYS) - set(option_keys))
-        if unknown:
-            raise ValueError(f"{PREFIX}: unknown key(s) {unknown} for method {method!r}; allowed: "
-                             f"{sorted(_COMMON_KEYS + tuple(option_keys))}")
-        options = proposer.Options(**{k: raw[k] for k in option_keys if k in raw})
+        _check_known(raw, method, option_keys)
+        check_vllm_keys({k: v for k, v in raw.items() if k in VLLM_KEYS and k not in option_keys})
+        options = proposer.Options(**read_bools(proposer.Options, {k: raw[k] for k in option_keys if k in raw}))
+        common = read_bools(cls, {k: raw[k] for k in _COMMON_KEYS if k in raw})
         config = cls(method=method, num_speculative_tokens=_num_tokens(raw, proposer, options),
                      model=_model(raw), options=options, proposer_cls=proposer,
                      draft_tensor_parallel_size=_draft_tp(raw, target_tensor_parallel_size),
-                     disable_padded_drafter_batch=raw.get("disable_padded_drafter_batch", False))
-        check_bool("disable_padded_drafter_batch", config.disable_padded_drafter_batch)
+                     disable_padded_drafter_batch=common.get("disable_padded_drafter_batch", False),
+                     max_model_len=_optional_int(raw, "max_model_len"),
+                     disable_by_batch_size=_optional_int(raw, "disable_by_batch_size"),
+                     num_speculative_tokens_per_batch_size=parse_schedule(raw.get(SCHEDULE_KEY)))
         proposer.check_config(config)
         return config
+
+    @property
+    def batch_limits(self) -> BatchSizeLimits:
+        return BatchSizeLimits(self.disable_by_batch_size, self.num_speculative_tokens_per_batch_size)
 
     def to_dict(self) -> dict:
         out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.model is not None:
             out["model"] = self.model
+        for key in ("max_model_len", "disable_by_batch_size", SCHEDULE_KEY):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         out.update(dataclasses.asdict(self.options))
         return out
 
@@ -69,6 +89,13 @@ def _as_dict(raw) -> dict:
     if not isinstance(raw, dict):
         raise ValueError(f"{PREFIX} must be a dict (or its JSON text), got {type(raw).__name__}")
     return dict(raw)
+
+
+def _check_known(raw: dict, method: str, option_keys: list[str]) -> None:
+    allowed = set(_COMMON_KEYS) | set(option_keys) | set(VLLM_KEYS)
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{PREFIX}: unknown key(s) {unknown} for method {method!r}; allowed: {sorted(allowed)}")
 
 
 def _method(raw: dict) -> str:
@@ -108,12 +135,24 @@ def _model(raw: dict) -> str | None:
     return resolve_drafter(model) if model is not None else None
 
 
-def _draft_tp(raw: dict, target_tp: int) -> int:
-    value = raw.get("draft_tensor_parallel_size", 1)
-    if value is None:
-        return 1
-    check_int("draft_tensor_parallel_size", value, 1)
-    if value not in (1, target_tp):
-        raise ValueError(f"{PREFIX}['draft_tensor_parallel_size']={value} is invalid: must be 1 or the "
-                         f"target's tensor_parallel_size ({target_tp})")
+def _optional_int(raw: dict, key: str) -> int | None:
+    value = raw.get(key)
+    if value is not None:
+        check_int(key, value, 1)
     return value
+
+
+def _draft_tp(raw: dict, target_tp: int) -> int:
+    """``draft_tensor_parallel_size``, or vLLM's older spelling ``tensor_parallel_size``: 1 or the target's."""
+    given = {k: raw[k] for k in ("draft_tensor_parallel_size", "tensor_parallel_size") if raw.get(k) is not None}
+    if len(set(map(repr, given.values()))) > 1:
+        raise ValueError(f"{PREFIX}: 'draft_tensor_parallel_size'={given['draft_tensor_parallel_size']!r} and "
+                         f"'tensor_parallel_size'={given['tensor_parallel_size']!r} (the drafter's tensor "
+                         "parallel size, twice) disagree")
+    for key, value in given.items():
+        check_int(key, value, 1)
+        if value not in (1, target_tp):
+            raise ValueError(f"{PREFIX}[{key!r}]={value} is invalid: must be 1 or the "
+                             f"target's tensor_parallel_size ({target_tp})")
+        return value
+    return 1

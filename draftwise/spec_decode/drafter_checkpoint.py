@@ -1,8 +1,11 @@
 """Reading drafter checkpoints (EAGLE, EAGLE-3, Medusa, DFlash) in their public layouts.
 
 ``load_drafter(model, method)`` reads ``config.json`` and every weight file of
-a local directory (``*.safetensors``, or the ``*.pt`` / ``*.bin`` files of
-original Medusa heads, read with ``weights_only``) into a ``DrafterCheckpoint``.
+a local directory (``weight_files``: ``*.safetensors``, or else the ``*.pt`` /
+``*.bin`` files of original Medusa heads, read with ``weights_only``), or the
+``files`` a method names (Medusa heads beside a target), into a
+``DrafterCheckpoint``. ``tensor_names(file)`` lists a file's tensors without
+reading them.
 A config in the ``speculators`` format (``speculators_model_type``,
 ``transformer_layer_config``, ``speculators_config``) is flattened to the
 plain layout: the layer config's keys, then the drafter's own keys on top.
@@ -63,14 +66,35 @@ def require_model(model: str | None, method: str) -> None:
         raise ValueError(f"{PREFIX}: method {method!r} needs 'model' (the drafter checkpoint directory)")
 
 
-def load_drafter(model: str | None, method: str, prefix: str | tuple[str, ...] = "") -> DrafterCheckpoint:
-    """``prefix``: read only the tensors whose names start with it (MTP layers inside a target)."""
+def load_drafter(model: str | None, method: str, prefix: str | tuple[str, ...] = "",
+                 files: list[Path] | None = None) -> DrafterCheckpoint:
+    """``prefix``: read only the tensors whose names start with it (MTP layers inside a target);
+    ``files``: read these weight files instead of the directory's ``weight_files``."""
     require_model(model, method)
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ValueError(f"{PREFIX}['model']={model!r}: not a directory (a {method} checkpoint is a local "
                          "directory with config.json and weights)")
-    return DrafterCheckpoint(path, method, read_config(path), _read_tensors(path, method, prefix))
+    tensors = _read_tensors(path, method, prefix, weight_files(path) if files is None else files)
+    return DrafterCheckpoint(path, method, read_config(path), tensors)
+
+
+def weight_files(path: Path) -> list[Path]:
+    """A drafter directory's weight files: its ``*.safetensors``, or else its ``*.pt`` and ``*.bin``."""
+    return sorted(path.glob("*.safetensors")) or sorted(path.glob("*.pt")) + sorted(path.glob("*.bin"))
+
+
+def tensor_names(file: Path) -> list[str]:
+    """The tensor names of one weight file, without reading the tensors (a safetensors header; a
+    torch file memory-mapped where its format allows)."""
+    if file.suffix == ".safetensors":
+        with safe_open(str(file), framework="pt") as f:
+            return list(f.keys())
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be mapped
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    return [k for k, v in state.items() if isinstance(v, torch.Tensor)]
 
 
 def read_config(path: Path) -> dict:
@@ -125,16 +149,15 @@ def speculators_num_tokens(model: str | None) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _read_tensors(path: Path, method: str, prefix: str | tuple[str, ...] = "") -> dict[str, torch.Tensor]:
+def _read_tensors(path: Path, method: str, prefix: str | tuple[str, ...], files: list[Path]) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
-    files = sorted(path.glob("*.safetensors"))
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            tensors.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)})
-    if not files:
-        for file in sorted(path.glob("*.pt")) + sorted(path.glob("*.bin")):
+        if file.suffix == ".safetensors":
+            with safe_open(str(file), framework="pt") as f:
+                tensors.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)})
+        else:
             state = torch.load(file, map_location="cpu", weights_only=True)
-            tensors.update({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+            tensors.update({k: v for k, v in state.items() if isinstance(v, torch.Tensor) and k.startswith(prefix)})
     if not tensors:
         raise ValueError(f"{PREFIX}['model']={str(path)!r}: no weights{f' named {prefix}*' if prefix else ''} "
                          f"(*.safetensors, *.pt or *.bin) for the {method} drafter")

@@ -10,8 +10,10 @@ Life cycle, once per engine step, after the step's tokens were appended:
 
 1. ``propose(batch)`` for the running sequences that will decode next step.
    ``batch.max_num_drafts[i]`` is already clipped to ``num_speculative_tokens``,
-   ``max_model_len``, ``max_tokens`` and free KV slots; a proposer returns at
-   most that many drafts per sequence (zero is fine: "no draft this step").
+   ``max_model_len`` (the target's, and the drafter's when the config sets one),
+   ``max_tokens``, the config's batch-size limits and free KV slots; a proposer
+   returns at most that many drafts per sequence (zero is fine: "no draft this
+   step"; a proposer that ingests the target's rows still sees them).
 2. The engine verifies the drafts in the next target forward and rolls back
    rejected positions (``BlockManager.rollback``). Proposers with their own
    KV cache roll back lazily: ``seq.drafter_num_computed_tokens`` is clipped
@@ -109,7 +111,7 @@ class Proposer(ABC):
     """Base class of every speculative method (see the module docstring for the contract)."""
     method: ClassVar[str]
     needs: ClassVar[ProposerNeeds] = ProposerNeeds()
-    drafter_in_target: ClassVar[bool] = False  # True: ``model`` defaults to the target's checkpoint (MTP)
+    drafter_in_target: ClassVar[bool] = False  # True: ``model`` defaults to the target's directory (MTP, Medusa)
 
     @dataclass
     class Options:

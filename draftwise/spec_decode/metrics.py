@@ -1,4 +1,4 @@
-"""Speculative decoding counters, as vLLM's ``SpecDecodingStats``.
+"""Speculative decoding counters, as vLLM's ``SpecDecodingStats``, and its periodic log line.
 
 Per verified sequence and step: one draft (if it had any draft tokens), its
 number of draft tokens, how many were accepted, and which positions were
@@ -7,8 +7,18 @@ length = 1 + accepted / drafts (the bonus or recovered token included),
 per-position acceptance = accepted at position i / drafts.
 
 ``SpecDecodingStats`` accumulates for the engine's lifetime (``as_dict`` is
-what ``LLM.get_metrics`` returns) and for the current logging interval
-(``SpecDecodingLogger`` prints one line per interval).
+what ``LLM.get_spec_decode_stats`` returns; ``LLM.get_metrics`` reports the
+same counters as vLLM's ``vllm:spec_decode_*`` metrics) and for the current
+logging interval: ``SpecDecodingLogger.flush`` logs it as vLLM's line::
+
+    SpecDecoding metrics: Mean acceptance length: 2.10, Accepted throughput: 8.80 tokens/s,
+    Drafted throughput: 22.80 tokens/s, Accepted: 88 tokens, Drafted: 228 tokens,
+    Per-position acceptance rate: 0.525, 0.350, 0.225, Avg Draft acceptance rate: 38.6%
+
+(one line), then starts the next interval. It is flushed after each
+``Engine 000:`` line (``draftwise/metrics/stat_logger.py``) and at the end of
+each ``LLM.generate`` call; an interval without drafts logs nothing, and
+``enabled = False`` (``disable_log_stats``) silences it.
 """
 from __future__ import annotations
 
@@ -70,30 +80,37 @@ class SpecDecodingStats:
             "spec_decode_per_position_acceptance": self.per_position_acceptance,
         }
 
-    def summary(self) -> str:
+    def log_args(self, elapsed_s: float) -> tuple:
+        """The arguments of ``LOG_FORMAT`` for this interval of ``elapsed_s`` seconds."""
         per_pos = ", ".join(f"{r:.3f}" for r in self.per_position_acceptance)
-        return (f"Speculative decoding acceptance rate: {100 * self.acceptance_rate:.1f}%, "
-                f"mean acceptance length: {self.mean_acceptance_length:.2f}, per-position: [{per_pos}], "
-                f"drafts: {self.num_drafts}, draft tokens: {self.num_draft_tokens}, "
-                f"accepted tokens: {self.num_accepted_tokens}")
+        rate = 100 * self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else float("nan")
+        per_s = 1 / elapsed_s if elapsed_s > 0 else 0.0
+        return (self.mean_acceptance_length, self.num_accepted_tokens * per_s, self.num_draft_tokens * per_s,
+                self.num_accepted_tokens, self.num_draft_tokens, per_pos, rate)
+
+
+LOG_FORMAT = ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
+              "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
+              "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%")
 
 
 class SpecDecodingLogger:
-    """Logs the acceptance figures of each interval (default every 10 s) while generating."""
+    """The acceptance figures since the last flush; ``flush`` logs them (see the module docstring)."""
 
-    def __init__(self, num_spec_tokens: int, interval_s: float = 10.0):
+    def __init__(self, num_spec_tokens: int, enabled: bool = True):
         self.num_spec_tokens = num_spec_tokens
-        self.interval_s = interval_s
+        self.enabled = enabled
         self.interval = SpecDecodingStats(num_spec_tokens)
         self._last = time.monotonic()
 
     def record(self, step_stats: SpecDecodingStats) -> None:
         self.interval.add(step_stats)
-        if time.monotonic() - self._last >= self.interval_s:
-            self.flush()
 
-    def flush(self) -> None:
-        if self.interval.num_drafts:
-            logger.info(self.interval.summary())
+    def flush(self, level: int = logging.INFO, now: float | None = None) -> None:
+        """Log the interval at ``level`` if it verified drafts, and start the next one (``now``: the
+        ``time.monotonic()`` reading that ends it)."""
+        now = time.monotonic() if now is None else now
+        if self.enabled and self.interval.num_drafts:
+            logger.log(level, LOG_FORMAT, *self.interval.log_args(now - self._last))
         self.interval = SpecDecodingStats(self.num_spec_tokens)
-        self._last = time.monotonic()
+        self._last = now

@@ -6,25 +6,34 @@ head's top-1 (a chain, as vLLM). No KV cache and no drafter forward over the
 context: the row the target computed at position ``num_tokens - 2`` is all
 it reads.
 
-Checkpoints (a local directory, ``*.safetensors`` or ``medusa_lm_head.pt``):
+Checkpoints (``model``, a local directory; without ``model``, the target's own
+directory): ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` when the
+directory has one (heads shipped beside a target's weights), else every weight
+file of a directory whose tensors are Medusa heads:
 - original FasterDecoding/Medusa: ``medusa_head.{i}.{j}.linear.{weight,bias}``
   for ``j < medusa_num_layers`` and ``medusa_head.{i}.{medusa_num_layers}.weight``
-  (the lm_head); config ``medusa_num_heads``, ``medusa_num_layers``;
+  (the lm_head), or the same names without ``medusa_head.`` (the state dict
+  ``medusa_lm_head.pt`` holds); config ``medusa_num_heads``, ``medusa_num_layers``;
 - vLLM: ``blocks.{i}.layers.{j}.weight`` (``.bias`` with ``medusa_fc_bias``),
   ``lm_heads.{i}.weight``, and ``token_map`` when ``truncated_vocab_size``
   makes the heads' vocabulary a subset of the target's.
-``num_speculative_tokens`` defaults to the number of heads and may not exceed it.
+No heads found raises ``ValueError`` saying where heads are looked for.
+``num_heads`` (optional) is the head count: it must match the checkpoint's and
+bounds and defaults ``num_speculative_tokens``, which otherwise defaults to the
+checkpoint's head count and may not exceed it.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...validate import PREFIX
-from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
+from ...validate import PREFIX, check_int
+from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, tensor_names, weight_files
 from ..drafter_modules import check_width, linear, place
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 
@@ -32,8 +41,9 @@ from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, regis
 class MedusaHeads(nn.Module):
     def __init__(self, ckpt: DrafterCheckpoint, hidden: int, vocab: int):
         super().__init__()
+        ckpt.tensors = {_named(k): v for k, v in ckpt.tensors.items()}
         original = any(k.startswith("medusa_head.") for k in ckpt.tensors)
-        num_heads, num_layers = _count(ckpt, original)
+        num_heads, num_layers = _count(list(ckpt.tensors), ckpt.what)
         head_vocab = ckpt.get(f"medusa_head.0.{num_layers}.weight" if original else "lm_heads.0.weight").shape[0]
         self.blocks = nn.ModuleList()
         self.lm_heads = nn.ModuleList()
@@ -65,11 +75,25 @@ class MedusaHeads(nn.Module):
         return self.token_map[torch.stack(out, dim=1)]
 
 
-def _count(ckpt: DrafterCheckpoint, original: bool) -> tuple[int, int]:
-    pattern = r"medusa_head\.(\d+)\.(\d+)\." if original else r"blocks\.(\d+)\.layers\.(\d+)\."
-    found = [tuple(map(int, m.groups())) for k in ckpt.tensors if (m := re.match(pattern, k))]
+HEADS_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")  # beside a target's weights
+_ORIGINAL = r"medusa_head\.(\d+)\.(\d+)\."
+_VLLM = r"blocks\.(\d+)\.layers\.(\d+)\."
+MISSING_HEADS = (f"{PREFIX}: method 'medusa' needs Medusa heads: pass {PREFIX}['model'] (a directory with medusa "
+                 "heads) or put medusa_lm_head.{pt,safetensors} beside the target")
+
+
+def _named(name: str) -> str:
+    """Original heads as ``medusa_lm_head.pt`` stores them (``{i}.{j}.linear.weight``) get their
+    ``medusa_head.`` prefix back."""
+    return "medusa_head." + name if re.match(r"\d+\.\d+\.", name) else name
+
+
+def _count(names: list[str], what: str) -> tuple[int, int]:
+    names = [_named(k) for k in names]
+    original = any(k.startswith("medusa_head.") for k in names)
+    found = [tuple(map(int, m.groups())) for k in names if (m := re.match(_ORIGINAL if original else _VLLM, k))]
     if not found:
-        raise ValueError(f"{ckpt.what} has neither medusa_head.{{i}}.{{j}}.linear.* (original Medusa) nor "
+        raise ValueError(f"{what} has neither medusa_head.{{i}}.{{j}}.linear.* (original Medusa) nor "
                          "blocks.{i}.layers.{j}.* (vLLM) tensors")
     num_heads = 1 + max(i for i, _ in found)
     num_layers = 1 + max(j for _, j in found)
@@ -78,25 +102,56 @@ def _count(ckpt: DrafterCheckpoint, original: bool) -> tuple[int, int]:
     return num_heads, num_layers
 
 
+def heads_files(model: str | None) -> list[Path] | None:
+    """The files holding ``model``'s Medusa heads: a ``HEADS_FILES`` file, or None for all the
+    directory's weight files (they hold heads, or ``model`` is no directory and loading says so)."""
+    if not model:
+        raise ValueError(MISSING_HEADS)
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    for name in HEADS_FILES:
+        if (path / name).is_file():
+            return [path / name]
+    names = [_named(n) for file in weight_files(path) for n in tensor_names(file)]
+    if not any(re.match(_ORIGINAL, n) or re.match(_VLLM, n) for n in names):
+        raise ValueError(f"{MISSING_HEADS}; {str(path)!r} has no {' or '.join(HEADS_FILES)} and its weights are "
+                         "no Medusa heads (medusa_head.{i}.{j}.* or blocks.{i}.layers.{j}.* tensors)")
+    return None
+
+
 @register
 class MedusaProposer(Proposer):
     method = "medusa"
     needs = ProposerNeeds(hidden_states=True)
+    drafter_in_target = True  # ``model`` defaults to the target's directory (heads beside its weights)
+
+    @dataclass
+    class Options:
+        num_heads: int | None = None  # the checkpoint's head count, as a Medusa practitioner's config says it
+
+        def __post_init__(self) -> None:
+            if self.num_heads is not None:
+                check_int("num_heads", self.num_heads, 1)
 
     @classmethod
     def check_config(cls, config) -> None:
-        require_model(config.model, cls.method)
-        _check_num_tokens(config.num_speculative_tokens, _declared_heads(config.model), "the Medusa checkpoint")
+        num_heads = config.options.num_heads
+        declared = _declared_heads(config.model, heads_files(config.model))
+        _check_num_heads(num_heads, declared, f"{PREFIX}['model']={config.model!r}")
+        _check_num_tokens(config.num_speculative_tokens, num_heads or declared, "the Medusa checkpoint")
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
-        return _declared_heads(model)
+        files = heads_files(model)
+        return options.num_heads or _declared_heads(model, files)
 
     def __init__(self, config, target):
         super().__init__(config, target)
-        ckpt = load_drafter(config.model, self.method)
+        ckpt = load_drafter(config.model, self.method, files=heads_files(config.model))
         self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size),
                            target.device, target.dtype)
+        _check_num_heads(self.options.num_heads, len(self.heads.lm_heads), ckpt.what)
         _check_num_tokens(config.num_speculative_tokens, len(self.heads.lm_heads), ckpt.what)
 
     @torch.inference_mode()
@@ -121,10 +176,20 @@ class MedusaProposer(Proposer):
         return DraftBatch.from_lists(drafts)
 
 
-def _declared_heads(model: str) -> int | None:
+def _declared_heads(model: str | None, files: list[Path] | None) -> int | None:
+    """The head count a Medusa config declares, else the count in the heads file(s) named."""
     config = declared_config(model)
-    value = config.get("medusa_num_heads", config.get("num_heads"))
+    value = config.get("medusa_num_heads")
+    if value is None and config.get("model_type") == "medusa":
+        value = config.get("num_heads")  # vLLM's MedusaConfig
+    if value is None and files:
+        value = _count([n for file in files for n in tensor_names(file)], f"{PREFIX}['model']={model!r}")[0]
     return value if isinstance(value, int) else None
+
+
+def _check_num_heads(num_heads: int | None, found: int | None, where: str) -> None:
+    if num_heads is not None and found is not None and num_heads != found:
+        raise ValueError(f"{PREFIX}['num_heads']={num_heads} is invalid: {where} has {found} Medusa heads")
 
 
 def _check_num_tokens(num_tokens: int, num_heads: int | None, where: str) -> None:
