@@ -139,7 +139,7 @@ def prefix_cache_counters(port: int) -> tuple[float, float]:
     values = {}
     for line in text.splitlines():
         for name in ("queries", "hits"):
-            if line.startswith(f"draftwise:prefix_cache_{name}_total"):
+            if line.startswith(f"vllm:prefix_cache_{name}_total"):
                 values[name] = float(line.split()[-1])
     return values.get("queries", 0.0), values.get("hits", 0.0)
 

@@ -1,8 +1,9 @@
 """Engine configuration: the validated form of the ``LLM(...)`` / ``draftwise serve`` arguments.
 
-``EngineConfig.from_kwargs`` is the single entry point. It rejects unknown
-arguments and invalid values with a ``ValueError`` naming the argument, and
-resolves the ``"auto"`` choices (dtype, device) for this machine.
+``EngineConfig`` holds draftwise's own arguments (``argument_names``); ``EngineArgs``
+(``engine/arg_utils.py``) adds the rest of vLLM's and builds it, and ``from_kwargs`` builds it
+from our arguments alone. Both reject unknown arguments and invalid values with a ``ValueError``
+naming the argument; the config resolves the ``"auto"`` choices (dtype, device) for this machine.
 """
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ class EngineConfig:
     enable_prefix_caching: bool | None = None  # None: on (as in vLLM) where the method allows it
     async_scheduling: bool = False  # overlap a step's forward with the previous step's output building
     disable_log_stats: bool = False  # no periodic throughput / acceptance log lines (vLLM's argument)
+    gpu_memory_utilization: float | None = None  # on a GPU: the share of its memory for weights and KV cache
+    # LLM.get_default_sampling_params: "auto" (the model's generation_config.json), "vllm" (none) or a
+    # directory holding one; override_generation_config's keys win over it
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
     # while sequences decode, a step with prefill may take at most this many times the decode-only step
     # (predicted by the step-cost model); None: prefill chunks fill max_num_batched_tokens, as in vLLM
     decode_stall_factor: float | None = None
@@ -55,7 +61,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     speculative_config: dict | str | None = None
     additional_config: dict | None = None
-    kv_transfer_config: dict | None = None
+    kv_transfer_config: dict | KVTransferConfig | None = None
     device: str = "auto"
     block_size: int = BLOCK_SIZE
     # per-request caps that protect the pool (engine/request_checks.py); defaults: RequestLimits'
@@ -72,9 +78,14 @@ class EngineConfig:
     model_path: Path | None = field(default=None, repr=False)
 
     @classmethod
+    def argument_names(cls) -> list[str]:
+        """The fields a user sets (``LLM`` keywords, ``serve`` flags); the rest are derived."""
+        derived = {"model_path", "block_size", "speculative", "kv_transfer", "rejection_sampler", "compilation"}
+        return [f.name for f in dataclasses.fields(cls) if f.name not in derived]
+
+    @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
-        known = {f.name for f in dataclasses.fields(cls)} - {"model_path", "block_size", "speculative", "kv_transfer",
-                                                              "rejection_sampler", "compilation"}
+        known = set(cls.argument_names())
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown argument(s) {unknown}; allowed: {sorted(known)}")
@@ -95,16 +106,21 @@ class EngineConfig:
                              "draftwise runs on a single device (use 1)")
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
-        if self.decode_stall_factor is not None and (isinstance(self.decode_stall_factor, bool) or not isinstance(
-                self.decode_stall_factor, (int, float)) or not self.decode_stall_factor >= 1.0):
+        if self.decode_stall_factor is not None and not _is_number(self.decode_stall_factor, 1.0):
             raise ValueError(f"decode_stall_factor must be a number >= 1 or None (no bound), "
                              f"got {self.decode_stall_factor!r}")
-        if not isinstance(self.async_scheduling, bool):
-            raise ValueError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
-        if not isinstance(self.disable_log_stats, bool):
-            raise ValueError(f"disable_log_stats must be True or False, got {self.disable_log_stats!r}")
-        if not isinstance(self.enforce_eager, bool):
-            raise ValueError(f"enforce_eager={self.enforce_eager!r} must be a bool")
+        if self.gpu_memory_utilization is not None and not _is_number(self.gpu_memory_utilization, 0.0, 1.0) \
+                or self.gpu_memory_utilization == 0:
+            raise ValueError(f"gpu_memory_utilization={self.gpu_memory_utilization!r} is invalid: must be a "
+                             "number in (0, 1] or None")
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError(f"generation_config={self.generation_config!r} is invalid: must be 'auto', 'vllm' "
+                             "or a directory holding a generation_config.json")
+        if self.override_generation_config is not None and not isinstance(self.override_generation_config, dict):
+            raise ValueError(f"override_generation_config={self.override_generation_config!r} must be a dict")
+        for name in ("async_scheduling", "disable_log_stats", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.device not in _DEVICES:
             raise ValueError(f"device={self.device!r} is invalid; allowed: {list(_DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -160,6 +176,10 @@ def _check_additional_config(extra) -> None:
 def _int_at_least(name: str, value, lo: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < lo:
         raise ValueError(f"{name}={value!r} is invalid: must be an int >= {lo}")
+
+
+def _is_number(value, lo: float, hi: float = float("inf")) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
 
 
 def _bf16_is_fast(device: torch.device) -> bool:

@@ -9,7 +9,7 @@ in disaggregated prefill), and its prompt's hidden states are written under
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CONNECTORS = ("ExampleHiddenStatesConnector",)
@@ -19,29 +19,37 @@ _KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 
 @dataclass(frozen=True)
 class KVTransferConfig:
-    kv_connector: str
-    kv_role: str
-    shared_storage_path: Path
+    """vLLM's ``KVTransferConfig`` fields; ``LLM(kv_transfer_config=...)`` takes it or a dict of them."""
+    kv_connector: str | None = None
+    kv_role: str | None = None
+    kv_connector_extra_config: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_value(cls, raw) -> "KVTransferConfig":
-        if not isinstance(raw, dict):
-            raise ValueError(f"kv_transfer_config must be a dict, got {type(raw).__name__}")
-        unknown = sorted(set(raw) - set(_KEYS))
-        if unknown:
-            raise ValueError(f"kv_transfer_config: unknown key(s) {unknown}; allowed: {list(_KEYS)}")
-        connector, role = raw.get("kv_connector"), raw.get("kv_role")
-        if connector not in CONNECTORS:
-            raise ValueError(f"kv_transfer_config['kv_connector']={connector!r} is invalid; "
+    def __post_init__(self) -> None:
+        if self.kv_connector not in CONNECTORS:
+            raise ValueError(f"kv_transfer_config['kv_connector']={self.kv_connector!r} is invalid; "
                              f"allowed: {list(CONNECTORS)}")
-        if role not in ROLES:
-            raise ValueError(f"kv_transfer_config['kv_role']={role!r} is invalid; allowed: {list(ROLES)}")
-        extra = raw.get("kv_connector_extra_config") or {}
+        if self.kv_role not in ROLES:
+            raise ValueError(f"kv_transfer_config['kv_role']={self.kv_role!r} is invalid; allowed: {list(ROLES)}")
+        extra = self.kv_connector_extra_config
         path = extra.get("shared_storage_path") if isinstance(extra, dict) else None
         if not isinstance(path, str) or not path:
             raise ValueError("kv_transfer_config['kv_connector_extra_config']['shared_storage_path'] must be a "
                              "directory path (str)")
-        return cls(connector, role, Path(path).expanduser())
+
+    @classmethod
+    def from_value(cls, raw) -> "KVTransferConfig":
+        if isinstance(raw, cls):
+            return raw
+        if not isinstance(raw, dict):
+            raise ValueError(f"kv_transfer_config must be a KVTransferConfig or a dict, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown key(s) {unknown}; allowed: {list(_KEYS)}")
+        return cls(**{key: value for key, value in raw.items() if value is not None})
+
+    @property
+    def shared_storage_path(self) -> Path:
+        return Path(self.kv_connector_extra_config["shared_storage_path"]).expanduser()
 
     @property
     def prefill_only(self) -> bool:

@@ -12,19 +12,25 @@ from collections.abc import Sequence as SequenceABC
 
 from tqdm.auto import tqdm
 
-from .config import EngineConfig
+from .engine.arg_utils import engine_config_from_kwargs
 from .engine.engine import LLMEngine
+from .metrics.reader import Metric
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
 
 class LLM:
     def __init__(self, model: str | None = None, **kwargs):
-        self.config = EngineConfig.from_kwargs(model=model, **kwargs)
+        self.config = engine_config_from_kwargs(model=model, **kwargs)
         self.llm_engine = LLMEngine(self.config)
         self._counter = itertools.count()
 
-    def get_metrics(self) -> dict:
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metrics since start-up: ``Counter``, ``Gauge``, ``Vector`` and ``Histogram`` objects
+        (``draftwise.metrics.reader``) named ``vllm:*``, as vLLM's ``LLM.get_metrics()`` returns them."""
+        return self.llm_engine.get_metrics()
+
+    def get_spec_decode_stats(self) -> dict:
         """Speculative decoding counters and derived rates (vLLM's names, without the prefix).
 
         Keys: ``spec_decode_num_drafts``, ``spec_decode_num_draft_tokens``,
@@ -32,7 +38,12 @@ class LLM:
         ``spec_decode_acceptance_rate``, ``spec_decode_mean_acceptance_length``,
         ``spec_decode_per_position_acceptance``. Empty without speculative decoding.
         """
-        return self.llm_engine.get_metrics()
+        return self.llm_engine.get_spec_decode_stats()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's own sampling defaults (``generation_config``, see ``models/generation_config.py``);
+        what ``generate`` and ``chat`` use when given no sampling params, as in vLLM."""
+        return SamplingParams(**self.llm_engine.sampling_defaults)
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -40,7 +51,8 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         prompts = _as_prompt_list(prompts)
-        params = _as_params_list(sampling_params, len(prompts))
+        params = _as_params_list(self.get_default_sampling_params() if sampling_params is None else sampling_params,
+                                 len(prompts))
         ids = [f"gen-{next(self._counter)}" for _ in prompts]
         added = []
         try:
@@ -98,8 +110,6 @@ def _as_prompt_list(prompts) -> list:
 
 
 def _as_params_list(params, num_prompts: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * num_prompts
     if isinstance(params, SamplingParams):
         return [params] * num_prompts
     params = list(params)

@@ -59,3 +59,6 @@ class RequestOutput:
     kv_transfer_params: dict | None = None  # e.g. {"hidden_states_path": ...} (extract_hidden_states)
     num_cached_tokens: int = 0  # prompt tokens read from the prefix cache instead of computed
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first, then
+    # {token_id: Logprob} holding the prompt token (with its rank) and the top-N tokens. None otherwise.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -8,6 +8,8 @@ strings must be encodable text (no lone surrogates). What depends on the model
 (token ids inside the vocabulary, the context length) and the server's caps is
 checked by ``engine/request_checks.py`` when the request is added.
 ``temperature == 0`` means greedy. ``top_k`` of 0 or -1 disables top-k.
+``logprobs`` / ``prompt_logprobs`` ask for the top-N logprobs of each output /
+prompt token besides the token's own (``prompt_logprobs=-1``: the whole vocabulary).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Derived, filled by __post_init__.
@@ -62,6 +65,9 @@ class SamplingParams:
                "repetition_penalty", self.repetition_penalty, "a number > 0")
         if self.logprobs is not None:
             _check(_is_int(self.logprobs, 0), "logprobs", self.logprobs, "an int >= 0 or None")
+        if self.prompt_logprobs is not None:
+            _check(_is_int(self.prompt_logprobs, -1), "prompt_logprobs", self.prompt_logprobs,
+                   "an int >= 0, -1 (the whole vocabulary) or None")
         self.stop_strings = _normalize_stop(self.stop)
         ids = self.stop_token_ids or []
         _check(isinstance(ids, (list, tuple)) and all(_is_int(t, 0) for t in ids), "stop_token_ids",

@@ -13,6 +13,7 @@ from draftwise.cli import build_parser, engine_kwargs
 from draftwise.compilation import CompilationConfig
 from draftwise.compilation.config import default_capture_sizes
 from draftwise.config import EngineConfig
+from draftwise.engine.arg_utils import engine_config_from_kwargs
 
 MAX_TOKENS = [12, 20, 8, 16, 10, 14, 6, 18]
 
@@ -103,13 +104,13 @@ def test_bad_configs_name_the_key(value, words):
 
 
 def test_cli_flags():
-    parse = lambda *argv: engine_kwargs(build_parser().parse_args(["serve", "m", *argv]))  # noqa: E731
+    parse = lambda *argv: engine_kwargs(build_parser().parse_args(["generate", "--prompt", "p", *argv]))  # noqa
     assert parse("-O3")["compilation_config"] == 3
     assert parse("-O", "0")["compilation_config"] == 0
     mtp_seed = parse("--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}')
     assert mtp_seed["compilation_config"] == {"cudagraph_mode": "FULL_DECODE_ONLY"}
-    assert EngineConfig.from_kwargs(**{k: v for k, v in mtp_seed.items() if k != "model"}).compilation.cudagraph_mode \
-        == "FULL_DECODE_ONLY"
+    config = engine_config_from_kwargs(**{k: v for k, v in mtp_seed.items() if k != "model"})
+    assert config.compilation.cudagraph_mode == "FULL_DECODE_ONLY"
     assert parse("--enforce-eager")["enforce_eager"] is True
     with pytest.raises(ValueError, match="--compilation-config"):
         parse("-O", "{bad")

@@ -126,7 +126,7 @@ def _run(tiny_model_dir, row_cost: float, prompts, params):
     llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=NGRAM)
     llm.llm_engine.speculator.price_with(StepCostModel.fixed(row_cost, 256))
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs], llm.get_metrics()
+    return [o.outputs[0].token_ids for o in outs], llm.get_spec_decode_stats()
 
 
 def test_cut_drafts_change_nothing_but_the_draft_count(tiny_model_dir, tiny_llm):

@@ -191,7 +191,7 @@ def test_padded_and_ragged_drafter_batches_agree(tiny_model_dir, spec_dirs):
             "method": "mtp", "model": str(spec_dirs["mtp_target"]), "num_speculative_tokens": 4,
             "disable_padded_drafter_batch": ragged})
         llm.generate(prompts, params, use_tqdm=False)
-        metrics.append(llm.get_metrics())
+        metrics.append(llm.get_spec_decode_stats())
     assert metrics[0] == metrics[1] and metrics[0]["spec_decode_num_drafts"] > 0
 
 

@@ -179,7 +179,7 @@ def test_bad_requests_fail_alone_while_healthy_streams_run(server, server_proc):
     assert [texts.get(i) for i in range(len(prompts))] == solo
     assert watch.failures == 0 and watch.worst < 0.1, f"/health or /metrics took {watch.worst * 1000:.0f} ms"
     m = wait_idle(server)
-    assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
+    assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
     rss_after = _rss_mib(server_proc.pid)
     print(f"\n{len(PROBES)} request probes + 8 connection probes; "
           f"worst /health or /metrics {watch.worst * 1000:.1f} ms; "
@@ -210,7 +210,7 @@ def test_fuzzed_completion_requests_never_get_500(server, fields):
 
 def test_server_is_idle_after_the_fuzzing(server):
     m = wait_idle(server)
-    assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
+    assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
 
 
 def test_a_trusted_request_chat_template_is_rendered(server):

@@ -83,5 +83,5 @@ def test_greedy_equals_plain_and_drafts_are_verified(llm, tiny_llm):
     expected = [o.outputs[0].token_ids for o in tiny_llm.generate(prompts, params, use_tqdm=False)]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected
-    metrics = llm.get_metrics()
+    metrics = llm.get_spec_decode_stats()
     assert metrics["spec_decode_num_drafts"] > 0 and metrics["spec_decode_num_accepted_tokens"] > 0

@@ -98,7 +98,7 @@ def test_cached_blocks_are_never_written(tiny_model_dir):
                         use_tqdm=False)
     assert written and not written & set(blocks)
     assert all(o.num_cached_tokens > 0 for o in outs)
-    assert engine.get_metrics()["spec_decode_num_drafts"] > 0
+    assert engine.get_spec_decode_stats()["spec_decode_num_drafts"] > 0
     assert torch.equal(cache[:, :, slots], before)
 
 
@@ -225,7 +225,7 @@ def test_a_draft_model_shares_its_kv_with_the_cached_blocks(tiny_model_dir, spec
         assert torch.equal(drafter[:, :, slots], before) and not set().union(*writes) & set(blocks)
         assert all(writes)  # both models ran
         results[caching] = ([o.outputs[0].token_ids for o in [first, *outs]], [o.num_cached_tokens for o in outs],
-                            engine.get_metrics()["spec_decode_num_accepted_tokens"])
+                            engine.get_spec_decode_stats()["spec_decode_num_accepted_tokens"])
     assert results[True][0] == results[False][0]
     assert min(results[True][1]) > 0 and results[False][1] == [0, 0]
     assert results[True][2] == results[False][2]

@@ -20,13 +20,14 @@ def client(api_server):
 
 
 def scrape(url: str) -> dict[str, float]:
-    """``/metrics`` as {sample name with labels: value}, parsed by prometheus-client's parser."""
+    """``/metrics`` as {sample name with labels: value}, parsed by prometheus-client's parser (without the
+    ``model_name`` and ``engine`` labels, the same on every sample)."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model_name", "engine"))
             samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return samples
 
@@ -36,8 +37,8 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = scrape(url)
-        idle = m["draftwise:num_requests_running"] == 0 and m["draftwise:num_requests_waiting"] == 0
-        if idle and m["draftwise:kv_cache_usage_perc"] == 0 or time.monotonic() > deadline:
+        idle = m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
+        if idle and m["vllm:kv_cache_usage_perc"] == 0 or time.monotonic() > deadline:
             return m
         time.sleep(0.1)
 
@@ -130,7 +131,10 @@ def test_32_concurrent_streams_get_their_own_tokens(api_server, tiny_llm):
     got = asyncio.run(run_all())
     assert got == expected
     m = wait_idle(api_server)
-    assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
+    assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
+
+
+ABORTED = "vllm:request_success_total{finished_reason=abort}"
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server):
@@ -138,7 +142,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server):
     import json
     from urllib.parse import urlparse
 
-    before = scrape(api_server).get("draftwise:request_abort_total", 0)
+    before = scrape(api_server).get(ABORTED, 0)
     body = {"model": SERVED_NAME, "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0,
             "stream": True, "ignore_eos": True}
     url = urlparse(api_server)
@@ -150,25 +154,25 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(api_server):
     assert resp.readline().startswith(b"data:")  # the stream has started ...
     conn.close()  # ... and the client goes away
     m = wait_idle(api_server)
-    assert m["draftwise:request_abort_total"] == before + 1
-    assert m["draftwise:kv_cache_usage_perc"] == 0 and m["draftwise:num_requests_running"] == 0
+    assert m[ABORTED] == before + 1
+    assert m["vllm:kv_cache_usage_perc"] == 0 and m["vllm:num_requests_running"] == 0
 
 
 def test_metrics_parse_and_spec_counters_grow(client, api_server):
-    names = ("draftwise:spec_decode_num_drafts_total", "draftwise:spec_decode_num_draft_tokens_total",
-             "draftwise:generation_tokens_total")
+    names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:generation_tokens_total")
     before = scrape(api_server)
     client.completions.create(model=SERVED_NAME, prompt=PROMPTS[4], max_tokens=40, temperature=0,
                               extra_body={"ignore_eos": True})
     after = wait_idle(api_server)
     for name in names:
         assert after[name] > before.get(name, 0), name
-    accepted = after["draftwise:spec_decode_num_accepted_tokens_total"]
-    per_pos_name = "draftwise:spec_decode_num_accepted_tokens_per_pos_total"
+    accepted = after["vllm:spec_decode_num_accepted_tokens_total"]
+    per_pos_name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
     per_pos = sum(v for k, v in after.items() if k.startswith(per_pos_name))
     assert per_pos == accepted
-    assert after["draftwise:time_to_first_token_seconds_count"] >= 1
-    assert after["draftwise:inter_token_latency_seconds_count"] >= 39
+    assert after["vllm:time_to_first_token_seconds_count"] >= 1
+    assert after["vllm:inter_token_latency_seconds_count"] >= 39
 
 
 def test_response_carries_request_spec_figures(client):
@@ -190,7 +194,7 @@ def test_shared_system_prompt_reports_cached_tokens(client, api_server):
     assert usages[0].prompt_tokens_details.cached_tokens % 16 == 0
     assert usages[1].prompt_tokens_details.cached_tokens >= 48
     after = wait_idle(api_server)
-    queries = after["draftwise:prefix_cache_queries_total"] - before.get("draftwise:prefix_cache_queries_total", 0)
-    hits = after["draftwise:prefix_cache_hits_total"] - before.get("draftwise:prefix_cache_hits_total", 0)
+    queries = after["vllm:prefix_cache_queries_total"] - before.get("vllm:prefix_cache_queries_total", 0)
+    hits = after["vllm:prefix_cache_hits_total"] - before.get("vllm:prefix_cache_hits_total", 0)
     assert queries == sum(u.prompt_tokens for u in usages)
     assert hits == sum(u.prompt_tokens_details.cached_tokens for u in usages)

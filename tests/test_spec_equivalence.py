@@ -77,7 +77,7 @@ def test_greedy_alone_equals_plain(spec_llm, plain_outputs):
     prompts, params, expected = plain_outputs
     got = [spec_llm.generate(p, sp, use_tqdm=False)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
     assert got == expected
-    assert spec_llm.get_metrics()["spec_decode_num_drafts"] > 0
+    assert spec_llm.get_spec_decode_stats()["spec_decode_num_drafts"] > 0
 
 
 def test_greedy_batched_equals_plain(spec_llm, plain_outputs):
@@ -129,7 +129,7 @@ def test_self_draft_accepts_everything(tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype="float32",
               speculative_config={"method": "draft_model", "model": str(tiny_model_dir), "num_speculative_tokens": 4})
     outs = llm.generate(PROMPTS, greedy(33, ignore_eos=True), use_tqdm=False)
-    metrics = llm.get_metrics()
+    metrics = llm.get_spec_decode_stats()
     assert metrics["spec_decode_acceptance_rate"] == 1.0
     assert metrics["spec_decode_num_accepted_tokens"] == metrics["spec_decode_num_draft_tokens"]
     # 33 tokens = 1 from the prefill + 32 from 6 full steps (5 tokens each) and one of 2 (clipped).
@@ -150,7 +150,7 @@ def test_sampled_draft_model_follows_target_distribution(small_vocab_pair):
     num = 4000
     params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i) for i in range(num)]
     outs = llm.generate([prompt] * num, params, use_tqdm=False)
-    assert llm.get_metrics()["spec_decode_num_accepted_tokens"] > 0
+    assert llm.get_spec_decode_stats()["spec_decode_num_accepted_tokens"] > 0
     vocab = 10
     counts = torch.zeros(vocab * vocab)
     for o in outs:
@@ -193,4 +193,4 @@ def test_smollm2_greedy_equals_plain_fp32():
         llm = LLM(dtype="float32", speculative_config=config)
         assert [_tokens(llm.generate(p, params, use_tqdm=False))[0] for p in prompts] == expected
         assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == expected
-        assert llm.get_metrics()["spec_decode_num_accepted_tokens"] > 0
+        assert llm.get_spec_decode_stats()["spec_decode_num_accepted_tokens"] > 0

@@ -1,4 +1,5 @@
-"""Acceptance metrics: vLLM's counters, derived rates, per-request figures and the log line."""
+"""Acceptance metrics: vLLM's counters and derived rates (``get_spec_decode_stats``), per-request figures
+and the log line (``get_metrics()``'s vLLM objects: test_vllm_metrics.py)."""
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ def ngram_llm(tiny_model_dir):
 
 def test_counters_and_derived_figures(ngram_llm):
     outs = ngram_llm.generate(PROMPTS + ["a b c a b c a b c a b c"], greedy(40), use_tqdm=False)
-    m = ngram_llm.get_metrics()
+    m = ngram_llm.get_spec_decode_stats()
     assert set(m) == KEYS
     assert m["spec_decode_num_drafts"] > 0
     assert m["spec_decode_num_drafts"] <= m["spec_decode_num_draft_tokens"] <= 3 * m["spec_decode_num_drafts"]
@@ -43,14 +44,14 @@ def test_counters_and_derived_figures(ngram_llm):
 
 
 def test_periodic_log_line(ngram_llm, caplog):
-    ngram_llm.llm_engine.speculator.logger.interval_s = 0.0
+    ngram_llm.llm_engine.stats.logger.interval_s = 0.0  # a line after every step
     with caplog.at_level(logging.INFO, logger="draftwise"):
         ngram_llm.generate("a b c a b c a b c a b c", greedy(30), use_tqdm=False)
-    lines = [r.getMessage() for r in caplog.records if "Speculative decoding acceptance rate" in r.getMessage()]
-    assert lines and "mean acceptance length" in lines[0] and "per-position: [" in lines[0]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SpecDecoding metrics: ")]
+    assert lines and "Mean acceptance length: " in lines[0] and "Per-position acceptance rate: " in lines[0]
 
 
 def test_plain_engine_has_no_spec_metrics(tiny_llm):
-    assert tiny_llm.get_metrics() == {}
+    assert tiny_llm.get_spec_decode_stats() == {}
     out = tiny_llm.generate("Hello", greedy(4), use_tqdm=False)[0]
     assert out.metrics.spec_num_drafts == 0 and out.metrics.spec_mean_acceptance_length == 1.0

@@ -73,7 +73,7 @@ def test_training_lowers_loss_and_reloads_in_public_layout(method, data_dir, tmp
     spec = llm.generate(PROMPTS[:4], params, use_tqdm=False)
     plain = tiny_llm.generate(PROMPTS[:4], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
-    assert llm.get_metrics()["spec_decode_num_draft_tokens"] > 0
+    assert llm.get_spec_decode_stats()["spec_decode_num_draft_tokens"] > 0
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -88,7 +88,7 @@ def test_engine_accepts_what_training_estimates(method, data_dir, tmp_path, tiny
     config = {"method": method, "model": str(out), "num_speculative_tokens": 3}
     llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, speculative_config=config)
     llm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)
-    measured = llm.get_metrics()["spec_decode_mean_acceptance_length"]
+    measured = llm.get_spec_decode_stats()["spec_decode_mean_acceptance_length"]
     assert estimate > 1.6 and abs(measured - estimate) < 0.2 * estimate, (measured, estimate)
 
 
@@ -175,4 +175,4 @@ def test_bundled_smollm2_eagle3_drafter(monkeypatch):
     llm = LLM(dtype="float32", speculative_config={"method": "eagle3", "model": name, "num_speculative_tokens": 3})
     spec = llm.chat(chats, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
-    assert llm.get_metrics()["spec_decode_mean_acceptance_length"] > 1.3  # an untrained drafter: ~1.0
+    assert llm.get_spec_decode_stats()["spec_decode_mean_acceptance_length"] > 1.3  # an untrained drafter: ~1.0

@@ -216,7 +216,7 @@ def test_engine_greedy_outputs_unaffected(tiny_model_dir, tiny_llm):
     metrics = []
     for llm in _standard_and_ruled(tiny_model_dir, spec):
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:4], greedy(24), use_tqdm=False)] == expected
-        metrics.append(llm.get_metrics())
+        metrics.append(llm.get_spec_decode_stats())
     assert metrics[0] == metrics[1] and metrics[0]["spec_decode_num_accepted_tokens"] > 0
 
 
@@ -227,7 +227,7 @@ def test_engine_sampled_acceptance_rises(tiny_model_dir):
     rates = []
     for llm in _standard_and_ruled(tiny_model_dir, spec):
         llm.generate(prompts, params, use_tqdm=False)
-        rates.append(llm.get_metrics()["spec_decode_acceptance_rate"])
+        rates.append(llm.get_spec_decode_stats()["spec_decode_acceptance_rate"])
     assert rates[1] > rates[0]
 
 
@@ -245,7 +245,7 @@ def test_engine_block_verify_follows_target_distribution(small_vocab_pair):
     num, vocab = 4000, 10
     params = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i) for i in range(num)]
     outs = llm.generate([prompt] * num, params, use_tqdm=False)
-    assert llm.get_metrics()["spec_decode_num_accepted_tokens"] > 0
+    assert llm.get_spec_decode_stats()["spec_decode_num_accepted_tokens"] > 0
     counts = torch.zeros(vocab * vocab)
     for o in outs:
         _, a, b, _ = o.outputs[0].token_ids

@@ -9,7 +9,7 @@ when one finishes, the next prompt starts) and returns a ``PassResult``:
   TPOT = ``(finished_time - first_token_time) / (tokens - 1)``; and from the step loop, ITL =
   the gaps between steps that gave the request new tokens (vLLM's definition: with
   speculation one step may bring several tokens, so ITL >= TPOT);
-* speculative counters: differences of ``LLM.get_metrics()`` around the pass
+* speculative counters: differences of ``LLM.get_spec_decode_stats()`` around the pass
   (a ``SpecDecodingStats``; ``None`` for ``none``).
 
 Prompts are ``PromptInput``s, tokenized once per workload (chat messages through the
@@ -101,7 +101,7 @@ def build_engine(options: BenchOptions, config: Configuration, concurrency: int)
 
 def run_pass(llm: LLM, prompts: list[PromptInput], params: list[SamplingParams], concurrency: int) -> PassResult:
     engine = llm.llm_engine
-    before = llm.get_metrics()
+    before = llm.get_spec_decode_stats()
     queue = list(range(len(prompts)))
     running: dict[str, _Tracker] = {}
     samples: dict[int, RequestSample] = {}
@@ -122,7 +122,7 @@ def run_pass(llm: LLM, prompts: list[PromptInput], params: list[SamplingParams],
         engine.abort_request(list(running))
         raise
     seconds = time.perf_counter() - start
-    spec = counters_between(before, llm.get_metrics())
+    spec = counters_between(before, llm.get_spec_decode_stats())
     return PassResult(seconds, [samples[i] for i in range(len(prompts))], spec)
 
 

@@ -24,6 +24,10 @@ step while sequences decode.
 
 Every KV tensor (the target's and a drafter's) comes from one ``KVPool``,
 sized together for ``kv_cache_memory_bytes``.
+
+``self.stats`` records every step's outputs, every abort and the engine's state
+(vLLM's metrics: ``get_metrics()``, the server's ``/metrics``, the periodic log
+lines; see ``metrics/recorder.py``).
 """
 from __future__ import annotations
 
@@ -39,7 +43,10 @@ from transformers import AutoTokenizer
 
 from ..compilation.compiled_forward import CompiledForward, log_compile
 from ..config import EngineConfig
-from ..models.loader import resolve_model
+from ..metrics.reader import Metric
+from ..metrics.recorder import StatsRecorder
+from ..models.generation_config import sampling_defaults
+from ..models.loader import SMOLLM2_NAME, resolve_model
 from ..models.registry import build_model, load_config
 from ..outputs import RequestOutput
 from ..paged import ForwardInput, KVPool, PagedModel
@@ -62,6 +69,7 @@ class _Request:
     prompt: str | None
     seqs: list[Sequence]
     error: str | None = None  # why the engine failed this request (its step raised because of it)
+    prompt_logprobs: list | None = None  # [None, {token: Logprob}, ...] when the request asks (prompt_logprobs.py)
 
 
 class LLMEngine:
@@ -77,6 +85,7 @@ class LLMEngine:
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False))
         self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
+        self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None
         pool = KVPool(config.block_size, self.dtype, self.device)
         pool.add("target", PagedModel.kv_cache_spec(model))
@@ -86,7 +95,7 @@ class LLMEngine:
         self.prefix_caching = self._prefix_caching()
         self.block_manager = pool.allocate(config.kv_cache_memory_bytes, config.max_num_seqs, self.max_model_len,
                                            self.prefix_caching, self.needs.kv_cache,
-                                           int(self.needs.kv_reads_next_token))
+                                           int(self.needs.kv_reads_next_token), config.gpu_memory_utilization)
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
                            self.block_manager.block_table)
@@ -105,12 +114,18 @@ class LLMEngine:
         self.detokenize_unfinished = False  # streaming front-ends turn this on
         self._pending_outputs: list[str] = []  # async scheduling: requests the last step advanced
         self._output_thread = ThreadPoolExecutor(1, "draftwise-output") if config.async_scheduling else None
+        self.stats = StatsRecorder.for_engine(self, SMOLLM2_NAME)  # vLLM's metrics and log lines (metrics/)
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
                     path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
         logger.info("draftwise: step time by rows at start-up: %s", self.step_cost.describe())
         if config.speculative:
             logger.info("draftwise: speculative decoding %s", config.speculative.to_dict())
+
+    @classmethod
+    def from_engine_args(cls, engine_args) -> "LLMEngine":
+        """vLLM's constructor: an engine from ``EngineArgs`` (``engine/arg_utils.py``)."""
+        return cls(engine_args.create_engine_config())
 
     def _compile(self, paged: PagedModel, max_num_tokens: int) -> float:
         """Compile the target's forward unless the compilation mode is 0; each graph is compiled
@@ -201,18 +216,21 @@ class LLMEngine:
         for i in range(params.n):
             seed = params.seed + i if params.seed is not None else self._seed_rng.getrandbits(63)
             seqs.append(Sequence(request_id, i, token_ids, params, seed, arrival))
-        self.requests[request_id] = _Request(text, seqs)
+        scored = None if params.prompt_logprobs is None else [None]  # the first prompt token has no logprob
+        self.requests[request_id] = _Request(text, seqs, prompt_logprobs=scored)
         for seq in seqs:
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else request_id
+        aborted = [rid for rid in dict.fromkeys(ids) if rid in self.requests]
         for rid in ids:
             request = self.requests.pop(rid, None)
             for seq in request.seqs if request else []:
                 if not seq.is_finished:
                     seq.finish_reason = "abort"
                     self._release(seq)
+        self.stats.record_abort(self, aborted)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -222,6 +240,12 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
+        """Run one step (``_step``) and record its outputs in ``self.stats``."""
+        outputs = self._step()
+        self.stats.record_step(self, outputs)
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         """Run one step; return the outputs of the requests it advanced.
 
         With ``async_scheduling`` the output thread builds the previous step's outputs
@@ -302,6 +326,10 @@ class LLMEngine:
             for seq in plan.preempted:
                 spec.on_finished(seq)
         finished = self.output_processor.append(result)
+        for scored in result.prompt_logprobs:
+            request = self.requests.get(scored.request_id)
+            if request is not None:
+                self.output_processor.record_prompt_logprobs(request.prompt_logprobs, scored)
         for item in plan.scheduled:  # their full computed blocks become shareable
             self.block_manager.cache_computed(item.seq)
         if spec:  # before finished sequences are released: their last rows still count
@@ -320,13 +348,19 @@ class LLMEngine:
             out = self.output_processor.make_output(rid, request.prompt, request.seqs,
                                                     self.detokenize_unfinished)
             out.error = request.error
+            if request.prompt_logprobs is not None:
+                out.prompt_logprobs = list(request.prompt_logprobs)
             if out.finished:
                 del self.requests[rid]
             outputs.append(out)
         return outputs
 
-    def get_metrics(self) -> dict:
-        """Speculative decoding counters since start-up (empty without speculation)."""
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's metrics since start-up, as ``vllm.v1.metrics.reader`` objects (``metrics/recorder.py``)."""
+        return self.stats.snapshot()
+
+    def get_spec_decode_stats(self) -> dict:
+        """Speculative decoding counters since start-up and their derived rates (empty without speculation)."""
         return self.speculator.stats.as_dict() if self.speculator else {}
 
     # ------------------------------------------------------------------ helpers

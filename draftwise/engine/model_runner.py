@@ -6,17 +6,25 @@
 of a sequence, plus one row per draft), hand them to ``sample/`` once (with
 ``SpecDecodeMetadata`` when drafts are verified), and read the fixed-shape
 result back to the host once.
+
+A sequence that scores its prompt (``prompt_logprobs.py``) adds the rows of its
+prompt positions in the step: their logits are computed together, in slices of
+``prompt_rows_per_slice`` rows (so a long chunk never holds a ``[chunk, vocab]``
+tensor), and their figures reach the host in one transfer. Steps without such a
+sequence compute nothing more.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..paged import ForwardInput, PagedModel
-from ..sample import RejectionSamplerConfig, SpecDecodeMetadata, build_sampling_metadata, sample
+from ..sample import (RejectionSamplerConfig, SpecDecodeMetadata, build_sampling_metadata, gather_logprobs,
+                      pack_logprobs, sample, unpack_logprobs)
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetHidden
+from .prompt_logprobs import PromptLogprobs, prompt_rows
 from .scheduler import ScheduledSeq
 
 
@@ -30,6 +38,7 @@ class StepResult:
     top_ids: list[list[list[int]]] | None = None
     top_logprobs: list[list[list[float]]] | None = None
     target_hidden: TargetHidden | None = None  # rows of every scheduled sequence, when a proposer needs them
+    prompt_logprobs: list[PromptLogprobs] = field(default_factory=list)  # prompt tokens scored this step
 
     @property
     def num_accepted(self) -> list[int]:
@@ -38,6 +47,8 @@ class StepResult:
 
 
 class ModelRunner:
+    prompt_rows_per_slice = 512  # prompt-scoring rows whose logits exist at once
+
     def __init__(self, paged: PagedModel, eos_token_ids: set[int],
                  verify_config: RejectionSamplerConfig | None = None):
         self.paged = paged
@@ -58,9 +69,10 @@ class ModelRunner:
         if needs and (needs.hidden_states or aux_ids):
             target_hidden = TargetHidden(hidden, aux, cu, [s.seq for s in scheduled],
                                          [s.seq.num_computed_tokens for s in scheduled])
+        prompt_scores = self._score_prompts(scheduled, hidden, cu)
         sampling = [(i, s) for i, s in enumerate(scheduled) if s.samples]
         if not sampling:
-            return StepResult([], [], [], target_hidden=target_hidden)
+            return StepResult([], [], [], target_hidden=target_hidden, prompt_logprobs=prompt_scores)
         seqs = [s.seq for _, s in sampling]
         drafts = [s.spec_token_ids for _, s in sampling]
         rows = [r for i, s in sampling for r in range(cu[i + 1] - len(s.spec_token_ids) - 1, cu[i + 1])]
@@ -71,4 +83,18 @@ class ModelRunner:
             spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec_probs for s in seqs], self.device)
         host = sample(logits, meta, spec, self.verify_config).to_host()
         return StepResult(seqs, host.token_ids, [len(d) for d in drafts], host.logprobs, host.ranks,
-                          host.top_ids, host.top_logprobs, target_hidden)
+                          host.top_ids, host.top_logprobs, target_hidden, prompt_scores)
+
+    def _score_prompts(self, scheduled: list[ScheduledSeq], hidden: torch.Tensor, cu: list[int]
+                       ) -> list[PromptLogprobs]:
+        """The figures of the prompt tokens this step scores (none for plain requests: nothing runs)."""
+        plan = prompt_rows(scheduled, cu, self.vocab_size)
+        if plan is None:
+            return []
+        rows = torch.tensor(plan.rows, device=self.device)
+        targets = torch.tensor(plan.targets, dtype=torch.int64, device=self.device)
+        num_top, step = plan.num_top, self.prompt_rows_per_slice
+        packed = [pack_logprobs(gather_logprobs(self.paged.compute_logits(hidden[rows[s:s + step]]),
+                                                targets[s:s + step], num_top))
+                  for s in range(0, len(plan.rows), step)]
+        return plan.split(unpack_logprobs(torch.cat(packed), num_top))

@@ -4,6 +4,10 @@ Stop rules, checked after each appended token, in vLLM's order: EOS (unless
 ``ignore_eos``), ``stop_token_ids``, stop strings (the text is cut before the
 match unless ``include_stop_str_in_output``), ``max_tokens``, and the model's
 context length. None of them fires before ``min_tokens`` tokens.
+
+Logprob dicts (a sampled token's, a scored prompt token's) hold the token
+itself first, with its rank, then the top-N tokens ranked 1..N; each entry's
+``decoded_token`` is that single token decoded.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import time
 from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ..sequence import Sequence
 from .model_runner import StepResult
+from .prompt_logprobs import PromptLogprobs
 
 
 class OutputProcessor:
@@ -19,6 +24,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self._token_texts: dict[int, str] = {}  # token id -> decoded alone (at most the vocabulary)
 
     def append(self, result: StepResult) -> list[Sequence]:
         """Append each emitted token in order; return the sequences that finished.
@@ -43,16 +49,34 @@ class OutputProcessor:
 
     def _record_logprobs(self, seq: Sequence, result: StepResult, i: int, j: int) -> None:
         token, logprob = result.token_ids[i][j], result.logprobs[i][j]
-        entry = {token: Logprob(logprob, result.ranks[i][j])}
         num_top = seq.params.logprobs
+        top_ids = top_lps = ()
         if num_top and result.top_ids is not None:
-            pairs = zip(result.top_ids[i][j][:num_top], result.top_logprobs[i][j][:num_top])
-            for rank, (tid, lp) in enumerate(pairs):
-                entry.setdefault(tid, Logprob(lp, rank + 1))
-        for tid, lp in entry.items():
-            lp.decoded_token = self.tokenizer.decode([tid])
-        seq.logprobs.append(entry)
+            top_ids, top_lps = result.top_ids[i][j][:num_top], result.top_logprobs[i][j][:num_top]
+        seq.logprobs.append(self._logprob_entry(token, logprob, result.ranks[i][j], top_ids, top_lps))
         seq.cumulative_logprob += logprob
+
+    def record_prompt_logprobs(self, prompt_logprobs: list, scored: PromptLogprobs) -> None:
+        """Write one step's scored prompt tokens into a request's ``prompt_logprobs`` (entry ``p`` is
+        prompt token ``p``'s dict); a prompt scored again after preemption replaces what follows."""
+        fig = scored.figures
+        entries = [self._logprob_entry(*row) for row in zip(scored.token_ids, fig.logprobs, fig.ranks,
+                                                              fig.top_ids, fig.top_logprobs)]
+        prompt_logprobs[scored.first:] = entries
+
+    def _logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs) -> dict[int, Logprob]:
+        """``{token: Logprob(logprob, rank)}``, then the top tokens ranked 1, 2, ...; tokens decoded."""
+        entry = {token: Logprob(logprob, rank, self._token_text(token))}
+        for top_rank, (tid, lp) in enumerate(zip(top_ids, top_logprobs), start=1):
+            if tid not in entry:
+                entry[tid] = Logprob(lp, top_rank, self._token_text(tid))
+        return entry
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
 
     def _check_stop(self, seq: Sequence, token: int) -> bool:
         params = seq.params

@@ -4,7 +4,8 @@
 rules); ``check_request`` adds what depends on the model and on the caps that
 protect the pool: prompt token ids inside the vocabulary, the context length,
 the KV cache's capacity, ``stop_token_ids`` inside the vocabulary, and
-``config.RequestLimits`` (``n``, ``logprobs``, the number and length of stop strings).
+``config.RequestLimits`` (``n``, ``logprobs``, ``prompt_logprobs`` where ``-1`` counts as the
+whole vocabulary, the number and length of stop strings).
 ``LLMEngine.add_request`` calls it for every request, so ``LLM.generate`` and
 the server share one validator: a violation raises ``ValueError`` naming the
 field (``SamplingParams.<field>=...`` where it is a sampling field), before
@@ -25,7 +26,7 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_siz
                   kv_capacity: int, limits: RequestLimits) -> None:
     """Raise ``ValueError`` (naming the field) unless the request can run to completion here."""
     _check_prompt(prompt_token_ids, vocab_size, max_model_len)
-    _check_limits(params, limits)
+    _check_limits(params, limits, vocab_size)
     if params.stop_token_ids and not 0 <= max(params.stop_token_ids) < vocab_size:
         raise ValueError(f"SamplingParams.stop_token_ids={short_repr(params.stop_token_ids)} is invalid: "
                          f"token ids must be in [0, {vocab_size})")
@@ -45,7 +46,7 @@ def _check_prompt(token_ids: list[int], vocab_size: int, max_model_len: int) -> 
                          f"{max_model_len} allows (it must leave room for one output token)")
 
 
-def _check_limits(params: SamplingParams, limits: RequestLimits) -> None:
+def _check_limits(params: SamplingParams, limits: RequestLimits, vocab_size: int) -> None:
     def over(name: str, value, cap: int, flag: str) -> None:
         raise ValueError(f"SamplingParams.{name}={short_repr(value)} is invalid: at most {cap} allowed "
                          f"(the engine's {flag})")
@@ -54,6 +55,10 @@ def _check_limits(params: SamplingParams, limits: RequestLimits) -> None:
         over("n", params.n, limits.max_n, "max_n")
     if params.logprobs is not None and params.logprobs > limits.max_logprobs:
         over("logprobs", params.logprobs, limits.max_logprobs, "max_logprobs")
+    num_prompt = vocab_size if params.prompt_logprobs == -1 else params.prompt_logprobs
+    if num_prompt is not None and num_prompt > limits.max_logprobs:
+        flag = "max_logprobs" + (f"; -1 asks for all {vocab_size} tokens" if params.prompt_logprobs == -1 else "")
+        over("prompt_logprobs", params.prompt_logprobs, limits.max_logprobs, flag)
     if len(params.stop_strings) > limits.max_stop_strings:
         over("stop", f"<{len(params.stop_strings)} strings>", limits.max_stop_strings, "max_stop_strings")
     longest = max((len(s) for s in params.stop_strings), default=0)

@@ -19,7 +19,8 @@ preempted: its blocks are freed and it goes back to the front of the queue to
 be recomputed (prompt + output so far) later. Outputs do not change because
 sampling noise is keyed by (seed, position), not by a stateful generator.
 With prefix caching, a sequence admitted from scratch starts past the cached
-blocks of its longest cached prefix (``BlockManager.match_prefix``).
+blocks of its longest cached prefix (``BlockManager.match_prefix``), unless it
+scores its prompt (``prompt_logprobs.py``): it computes every prompt position.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from ..paged import BlockManager
 from ..sequence import Sequence, SequenceStatus
+from .prompt_logprobs import scores_prompt
 from .step_cost import StepCostModel
 
 MIN_PREFILL_CHUNK = 16  # prefill tokens a step may always take
@@ -143,19 +145,20 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting sequences while budget and blocks last; a sequence starting from scratch
-        first takes the cached blocks of its prompt's longest cached prefix (prefix caching)."""
+        first takes the cached blocks of its prompt's longest cached prefix (prefix caching), unless it
+        scores its prompt."""
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            fresh = seq.num_computed_tokens == 0
-            if fresh:
+            lookup = seq.num_computed_tokens == 0 and not scores_prompt(seq)
+            if lookup:
                 seq.num_computed_tokens = self.block_manager.match_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.ensure(seq, seq.num_computed_tokens + num_new):
-                if fresh:  # give the cached blocks back; they are looked up again next time
+                if lookup:  # give the cached blocks back; they are looked up again next time
                     self.block_manager.free(seq)
                     seq.num_computed_tokens = 0
                 break
-            if fresh:
+            if lookup:
                 self.block_manager.record_lookup(seq, seq.num_computed_tokens)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

@@ -23,6 +23,7 @@ from .block_manager import BlockManager
 
 _DEFAULT_FRACTION = 0.25
 _DEFAULT_CAP = 2 << 30
+_GPU_ACTIVATION_RESERVE = 0.05  # of a GPU's memory, kept for a step's activations
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,12 @@ class KVPool:
 
     def allocate(self, budget_bytes: int | None, max_num_seqs: int, max_model_len: int,
                  enable_prefix_caching: bool = False, drafter_kv: bool = False,
-                 key_lookahead: int = 0) -> BlockManager:
-        """Size the pool (``budget_bytes`` None: the default) and allocate every member's tensor."""
+                 key_lookahead: int = 0, gpu_memory_utilization: float | None = None) -> BlockManager:
+        """Size the pool (``budget_bytes`` None: ``gpu_memory_utilization`` of a GPU's memory, else the
+        default) and allocate every member's tensor."""
         per_token = self.bytes_per_token
+        if budget_bytes is None and gpu_memory_utilization is not None and self.device.type == "cuda":
+            budget_bytes = gpu_kv_cache_bytes(gpu_memory_utilization, self.device)
         budget = budget_bytes or default_kv_cache_bytes(per_token, max_num_seqs, max_model_len, self.device)
         num_blocks = budget // (per_token * self.block_size)
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching, drafter_kv,
@@ -92,3 +96,11 @@ def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_le
     """A quarter of free (host or GPU) memory, at most 2 GiB, and no more than the workload can use."""
     wanted = bytes_per_token * max_num_seqs * max_model_len
     return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device), _DEFAULT_CAP))
+
+
+def gpu_kv_cache_bytes(utilization: float, device: torch.device) -> int:
+    """vLLM's ``gpu_memory_utilization``: the engine may use that share of the GPU's memory; the KV
+    cache gets what the loaded weights leave, less a reserve for activations."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    in_use = torch.cuda.memory_reserved(device)
+    return max(0, int(utilization * total - in_use - _GPU_ACTIVATION_RESERVE * total))

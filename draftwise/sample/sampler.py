@@ -10,7 +10,8 @@ verifies them (``rejection_sampler.py``, rules configured by
 ``to_host`` turns it into Python lists with one transfer per tensor.
 
 Logprobs (when a request asks) are the log-softmax of the raw logits, vLLM's
-default, at the rows whose token was emitted, laid out like ``token_ids``.
+default, at the rows whose token was emitted, laid out like ``token_ids``
+(``logprobs.py``, which also scores prompt tokens for ``prompt_logprobs``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .logits import draw, process_logits
+from .logprobs import gather_logprobs
 from .metadata import SamplingMetadata
 from .rejection_sampler import rejection_sample
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
@@ -78,10 +80,7 @@ def _add_logprobs(out: SamplerOutput, logits: torch.Tensor,  # [num_rows, vocab]
                   row_token_ids: torch.Tensor,  # [num_rows] emitted token per row, PLACEHOLDER where none
                   row_index: torch.Tensor,  # [num_seqs, max_spec_len + 1] logits row of each output slot
                   num_top: int) -> None:
-    logprobs = logits.log_softmax(dim=-1)
-    chosen = logprobs.gather(1, row_token_ids.clamp(min=0)[:, None])  # [num_rows, 1]
-    out.logprobs = chosen.squeeze(1)[row_index]
-    out.ranks = ((logprobs > chosen).sum(dim=-1) + 1)[row_index]
+    figures = gather_logprobs(logits, row_token_ids.clamp(min=0), num_top)
+    out.logprobs, out.ranks = figures.logprobs[row_index], figures.ranks[row_index]
     if num_top > 0:
-        top_lp, top_ids = logprobs.topk(num_top, dim=-1)
-        out.top_logprobs, out.top_ids = top_lp[row_index], top_ids[row_index]
+        out.top_logprobs, out.top_ids = figures.top_logprobs[row_index], figures.top_ids[row_index]

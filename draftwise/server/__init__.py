@@ -2,9 +2,12 @@
 
 ``async_engine`` runs one ``LLMEngine`` loop on its own thread for every
 connection; ``protocol`` holds the request/response models and OpenAI's error
-format; ``serving_completions`` / ``serving_chat`` turn requests into engine
-requests and engine outputs into responses or SSE chunks; ``metrics`` is the
-Prometheus registry and the periodic log line; ``app`` wires the routes.
+format, ``request_fields`` the fields accepted without being implemented (at
+their neutral value only); ``serving_completions`` / ``serving_chat`` turn
+requests into engine requests and engine outputs into responses or SSE
+chunks, ``serving_tokenize`` serves vLLM's ``/tokenize`` and ``/detokenize``;
+``spec_metrics`` builds vLLM's per-request speculative figures; ``metrics``
+is the Prometheus registry and the periodic log line; ``app`` wires the routes.
 What one client may cost the others is bounded by ``options`` (the flags),
 ``guards`` (body size, header/body/send timeouts), ``preprocess``
 (tokenization and chat templates off the event loop) and ``template_sandbox``

@@ -1,10 +1,13 @@
 """The FastAPI application: routes, API-key check, request guards, and OpenAI-format errors.
 
-``build_app`` wires an ``AsyncEngine`` to the OpenAI routes. Every error a
-client can cause is a JSON ``{"error": {"message", "type", "param", "code"}}``:
-malformed JSON and invalid fields are 400, an unknown model 404, a missing,
-wrong or malformed API key 401 (``/health``, ``/version`` and ``/metrics``
-stay open; the API docs need the key when one is set), a body past the limit
+``build_app`` wires an ``AsyncEngine`` to the OpenAI routes (``/v1/models``,
+``/v1/completions``, ``/v1/chat/completions``) and vLLM's (``/tokenize``,
+``/detokenize``, ``/version``). Every error a client can cause is a JSON
+``{"error": {"message", "type", "param", "code"}}``: malformed JSON, invalid
+fields and fields draftwise does not implement are 400, an unknown model
+404, a missing, wrong or malformed API key 401 (on every route but
+``/health``, ``/version`` and ``/metrics``; the API docs need the key when
+one is set), a body past the limit
 413, a body that does not arrive 408 (``guards.py``), and an unexpected
 failure inside one request 500, which fails that request only and never
 echoes the exception: the client gets an error id, the log gets the details.
@@ -16,7 +19,9 @@ import secrets
 import uuid
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -29,9 +34,10 @@ from .guards import RequestGuard
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .preprocess import Preprocessor
-from .protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ModelCard, ModelList
 from .serving_chat import ChatServing
 from .serving_completions import CompletionServing
+from .serving_tokenize import TokenizeServing
 from .template_sandbox import TemplateSandbox
 
 logger = logging.getLogger("draftwise")
@@ -40,6 +46,10 @@ logger = logging.getLogger("draftwise")
 def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, options: ServerOptions | None = None,
               metrics: ServerMetrics | None = None) -> FastAPI:
     options = options or ServerOptions()
+    spec_metrics = options.per_request_spec_decode_metrics
+    if spec_metrics != "none" and engine.engine.config.speculative is None:
+        raise ValueError(f"--per-request-spec-decode-metrics={spec_metrics} needs speculative decoding: "
+                         "set --speculative-config")
     sandbox = TemplateSandbox(timeout=options.chat_template_timeout) if options.trust_request_chat_template else None
     preprocess = Preprocessor(tokenizer, engine.engine.max_model_len, sandbox)
 
@@ -54,13 +64,20 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
                   openapi_url=None if options.disable_fastapi_docs or options.api_key else "/openapi.json")
     app.add_middleware(RequestGuard, max_request_body_bytes=options.max_request_body_bytes,
                        body_read_timeout=options.body_read_timeout, send_timeout=options.send_timeout)
-    completions = CompletionServing(engine, served_model_names, tokenizer, preprocess)
-    chat = ChatServing(engine, served_model_names, tokenizer, preprocess)
     _add_error_handlers(app)
     key_check = Depends(_api_key_check(options.api_key))
     if not options.disable_fastapi_docs:
         _add_docs(app, key_check)
+    _add_open_routes(app, metrics)
+    completions = CompletionServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
+    chat = ChatServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
+    app.include_router(_v1_routes(completions, chat, key_check))
+    app.include_router(_tokenize_routes(TokenizeServing(engine, served_model_names, tokenizer, preprocess)))
+    return app
 
+
+def _add_open_routes(app: FastAPI, metrics: ServerMetrics | None) -> None:
+    """The routes that need no API key."""
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
@@ -74,11 +91,14 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
         body = metrics.render() if metrics else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+
+def _v1_routes(completions: CompletionServing, chat: ChatServing, key_check) -> APIRouter:
     v1 = APIRouter(prefix="/v1", dependencies=[key_check])
+    served_model_names, max_model_len = completions.served_model_names, completions.engine.engine.max_model_len
 
     @v1.get("/models")
     async def models() -> ModelList:  # root: the served name, never a path on this server
-        return ModelList(data=[ModelCard(id=name, root=name, max_model_len=engine.engine.max_model_len)
+        return ModelList(data=[ModelCard(id=name, root=name, max_model_len=max_model_len)
                                for name in served_model_names])
 
     @v1.post("/completions")
@@ -89,8 +109,23 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
     async def create_chat_completion(body: ChatCompletionRequest, raw: Request):
         return _respond(await chat.create(body, raw.is_disconnected))
 
-    app.include_router(v1)
-    return app
+    return v1
+
+
+def _tokenize_routes(tokens: TokenizeServing) -> APIRouter:
+    """vLLM's ``/tokenize`` and ``/detokenize``: no ``/v1`` prefix and, as in vLLM (whose key guards
+    ``/v1`` only), open without the API key, so ``vllm bench serve`` aligns its tokenizer with ours."""
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize(body: dict[str, Any] = Body()):  # vLLM's completion or chat form, told by "messages"
+        return _respond(await tokens.tokenize(body))
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return _respond(await tokens.detokenize(body))
+
+    return router
 
 
 def _respond(result):

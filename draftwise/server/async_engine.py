@@ -11,7 +11,9 @@ requests in flight are batched together in every step (continuous batching,
 speculation included). Each step's ``RequestOutput``s (cumulative snapshots:
 full text and token ids so far) are handed to the owning request's
 ``_Stream`` with ``call_soon_threadsafe``; it keeps only the latest unread
-one, so a slow reader's memory stays bounded.
+one, so a slow reader's memory stays bounded. A request added with a
+``SpecTrace`` has it fed every one of its outputs on the engine thread, before
+the output is handed on (``spec_metrics``: per-step speculative figures).
 
 Contract of ``add_request``: it raises ``ValueError`` for a request the
 engine rejects (nothing was queued), else returns a ``RequestHandle`` whose
@@ -21,6 +23,11 @@ blocks are freed on the next loop iteration. A request the engine failed
 (its values broke a step; the engine isolates it, see ``engine/fault_isolation.py``)
 ends with ``RequestFailed``; if a step fails beyond that, every request in it
 fails and is aborted. The loop keeps serving new requests either way.
+
+Metrics: the engine records its own (``engine.stats``, read by ``/metrics`` through
+``ServerMetrics``). The periodic log lines (``metrics/stat_logger.py``) are due after steps and on
+a timer: an idle loop wakes at least once per log interval (and once a second), so the interval
+that ends a burst is logged even when no step follows it.
 """
 from __future__ import annotations
 
@@ -29,7 +36,6 @@ import concurrent.futures
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 
 from ..engine.engine import LLMEngine
@@ -52,8 +58,9 @@ class _Stream:
     Snapshots are cumulative (full text and token ids so far), so an unread one is replaced by the next:
     a client that reads slowly holds at most one snapshot here, however fast the engine runs."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, trace=None):
         self.loop = loop
+        self.trace = trace  # a SpecTrace fed on the engine thread, or None
         self._item = None
         self._ready = asyncio.Event()
 
@@ -76,7 +83,9 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics=None):
         self.engine = engine
         self.engine.detokenize_unfinished = True  # streaming needs the text of every step
-        self.metrics = metrics  # ServerMetrics or None; called on the loop thread only
+        self.metrics = metrics  # ServerMetrics or None: /metrics renders this engine's recorder
+        if metrics is not None:
+            metrics.bind(engine)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}
@@ -121,9 +130,10 @@ class AsyncEngine:
             self._started.set()  # a loop never started exits at once
         self._thread.join(timeout=30)
 
-    async def add_request(self, request_id: str, prompt, params: SamplingParams) -> "RequestHandle":
-        """Queue a request; raises the engine's ``ValueError`` for a bad one (nothing is queued)."""
-        stream = _Stream(asyncio.get_running_loop())
+    async def add_request(self, request_id: str, prompt, params: SamplingParams, trace=None) -> "RequestHandle":
+        """Queue a request; raises the engine's ``ValueError`` for a bad one (nothing is queued).
+        ``trace`` (a ``SpecTrace``) is fed each of its outputs on the engine thread."""
+        stream = _Stream(asyncio.get_running_loop(), trace)
         added: concurrent.futures.Future = concurrent.futures.Future()
         self._post(("add", request_id, prompt, params, stream, added))
         await asyncio.wrap_future(added)
@@ -140,14 +150,19 @@ class AsyncEngine:
         self._wake.set()
 
     # ------------------------------------------------------------------ engine thread side
+    @property
+    def _idle_wait_s(self) -> float:
+        """How long an idle loop sleeps: a second, or the log interval if shorter (not under 10 ms)."""
+        logger_ = self.engine.stats.logger
+        return max(0.01, min(1.0, logger_.interval_s)) if logger_ is not None else 1.0
+
     def _run(self) -> None:
         while not self._stopped:
             self._apply_commands()
             if not self.engine.has_unfinished_requests():
-                self._wake.wait(timeout=1.0)
+                self._wake.wait(timeout=self._idle_wait_s)
                 self._wake.clear()
-                if self.metrics:
-                    self.metrics.record_idle(self.engine)
+                self.engine.stats.record_idle(self.engine)  # the log lines' timer while idle
                 continue
             try:
                 outputs = self.engine.step()
@@ -155,11 +170,11 @@ class AsyncEngine:
                 logger.exception("draftwise: engine step failed; failing the requests in flight")
                 self._fail_all(exc)
                 continue
-            if self.metrics:
-                self.metrics.record_step(self.engine, outputs, time.time())
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is not None:
+                    if stream.trace is not None:
+                        stream.trace.observe(out.metrics)
                     stream.put(RequestFailed(out.request_id) if out.error else out)
                     if out.finished:
                         del self._streams[out.request_id]
@@ -182,15 +197,11 @@ class AsyncEngine:
             added.set_exception(exc)
             return
         self._streams[request_id] = stream
-        if self.metrics:
-            self.metrics.record_arrival(request_id, time.time())
         added.set_result(None)
 
     def _abort(self, request_id: str) -> None:
         if self._streams.pop(request_id, None) is not None:
             self.engine.abort_request(request_id)
-            if self.metrics:
-                self.metrics.record_abort(request_id)
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id, stream in list(self._streams.items()):
@@ -205,6 +216,7 @@ class RequestHandle:
         self.engine = engine
         self.request_id = request_id
         self._stream = stream
+        self.trace = stream.trace  # complete once the finished output has been read
         self.finished = False
 
     async def outputs(self) -> AsyncIterator[RequestOutput]:

@@ -7,14 +7,14 @@ import logging
 import uvicorn
 from transformers import AutoTokenizer
 
-from ..config import EngineConfig
+from ..engine.arg_utils import engine_config_from_kwargs
 from ..engine.engine import LLMEngine
 from ..models.loader import SMOLLM2_NAME
 from .app import build_app
 from .async_engine import AsyncEngine
 from .guards import header_timeout_protocol
 from .metrics import ServerMetrics
-from .options import ServerOptions
+from .options import ServerOptions, check_vllm_server_flags
 
 logger = logging.getLogger("draftwise")
 
@@ -23,7 +23,8 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(message)s")
     options = ServerOptions.from_args(args)
-    config = EngineConfig.from_kwargs(**engine_kwargs)
+    check_vllm_server_flags(args)
+    config = engine_config_from_kwargs(**engine_kwargs)
     names = args.served_model_name or [args.model or SMOLLM2_NAME]
     metrics = ServerMetrics(names[0])
     engine = AsyncEngine.build(lambda: LLMEngine(config), metrics)  # built on the thread that steps it

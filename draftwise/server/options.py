@@ -15,11 +15,23 @@ the HTTP front end do:
   (off: 400), rendered in ``TemplateSandbox`` with ``--chat-template-timeout``;
 - ``--disable-fastapi-docs``: no ``/docs``, ``/redoc``, ``/openapi.json``
   (with ``--api-key`` they require the key anyway).
+
+``per_request_spec_decode_metrics`` (``none``, ``summary``, ``detailed``) is
+read from vLLM's engine flag ``--per-request-spec-decode-metrics`` (defined
+with the engine flags): the server puts ``metrics.speculative_decoding`` in
+its responses (``spec_metrics.py``).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
+
+from ..engine.engine_flags import add_vllm_flags
+from ..engine.vllm_arg_table import VLLM_FRONTEND_ARGS
+from ..engine.vllm_args import log_noops, resolve_vllm_args
+
+SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 
 
 @dataclass(frozen=True)
@@ -32,8 +44,12 @@ class ServerOptions:
     trust_request_chat_template: bool = False
     chat_template_timeout: float = 2.0
     disable_fastapi_docs: bool = False
+    per_request_spec_decode_metrics: str = "none"
 
     def __post_init__(self) -> None:
+        if self.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
+            raise ValueError(f"--per-request-spec-decode-metrics={self.per_request_spec_decode_metrics!r} is "
+                             f"invalid: must be one of {list(SPEC_METRICS_LEVELS)}")
         if not isinstance(self.max_request_body_bytes, int) or self.max_request_body_bytes < 1024:
             raise ValueError(f"--max-request-body-bytes={self.max_request_body_bytes!r} must be an int >= 1024")
         for name in ("header_read_timeout", "body_read_timeout", "send_timeout", "chat_template_timeout"):
@@ -46,7 +62,8 @@ class ServerOptions:
         return cls(api_key=args.api_key, max_request_body_bytes=args.max_request_body_bytes,
                    header_read_timeout=args.header_read_timeout, body_read_timeout=args.body_read_timeout,
                    send_timeout=args.send_timeout, trust_request_chat_template=args.trust_request_chat_template,
-                   chat_template_timeout=args.chat_template_timeout, disable_fastapi_docs=args.disable_fastapi_docs)
+                   chat_template_timeout=args.chat_template_timeout, disable_fastapi_docs=args.disable_fastapi_docs,
+                   per_request_spec_decode_metrics=getattr(args, "per_request_spec_decode_metrics", None) or "none")
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -67,3 +84,19 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request's chat_template may take to render")
     parser.add_argument("--disable-fastapi-docs", action="store_true",
                         help="serve no /docs, /redoc or /openapi.json")
+
+
+def vllm_server_flag_names() -> list[str]:
+    """vLLM's server flags that are not ours (``add_server_args`` adds them; ``check_vllm_server_flags``)."""
+    ours = {f.name for f in dataclasses.fields(ServerOptions)} | {"host", "port"}
+    return [name for name in VLLM_FRONTEND_ARGS if name not in ours]
+
+
+def add_vllm_server_flags(parser: argparse.ArgumentParser) -> None:
+    add_vllm_flags(parser, vllm_server_flag_names(), frontend=True)
+
+
+def check_vllm_server_flags(args: argparse.Namespace) -> None:
+    """Refuse (``ValueError`` naming the flag and why) vLLM server flags that cannot work here; log
+    the no-ops."""
+    log_noops(resolve_vllm_args({name: getattr(args, name) for name in vllm_server_flag_names()}, frontend=True))

@@ -5,10 +5,13 @@ every connection, ``/health`` included. ``Preprocessor`` runs that work on
 a small thread pool (each thread with its own tokenizer copy: a fast
 tokenizer is not meant to be shared across threads); the event loop only
 awaits it. Text is checked for encodability first (a lone surrogate is a
-400 naming the field, not a tokenizer crash). Token ids are cut at
-``max_prompt_tokens`` (the context length: a longer prompt is refused
-anyway, and turning a million ids into a Python list holds the GIL for
-tens of milliseconds); ids under the cut are exactly the uncut ones.
+400 naming the field, not a tokenizer crash). Token ids of a prompt to
+generate from are cut at ``max_prompt_tokens`` (the context length: a longer
+prompt is refused anyway, and turning a million ids into a Python list holds
+the GIL for tens of milliseconds); ids under the cut are exactly the uncut
+ones. ``/tokenize`` asks for them uncut (``cut=False``: vLLM counts every
+token; the request body limit bounds them), and ``detokenize`` /
+``token_strings`` decode ids in the pool too.
 
 Chat templates: the model's own template is rendered in the pool like
 tokenization. A request's ``chat_template`` (vLLM's field, also inside
@@ -51,19 +54,27 @@ class Preprocessor:
         for _ in range(num_threads):
             self._pool.submit(lambda: (started.wait(), self._thread_tokenizer()))
 
-    async def tokenize(self, text: str, param: str) -> list[int]:
-        """``text`` tokenized as the engine does for a string prompt (special tokens added)."""
+    async def tokenize(self, text: str, param: str, add_special_tokens: bool = True, cut: bool = True) -> list[int]:
+        """``text`` tokenized as the engine does for a string prompt (by default: special tokens added)."""
         check_text(text, param)
-        return await self._run(lambda tok: self._encode(tok, text, add_special_tokens=True))
+        return await self._run(lambda tok: self._encode(tok, text, add_special_tokens, cut))
 
-    def _encode(self, tok, text: str, add_special_tokens: bool) -> list[int]:
-        """Token ids of ``text``; a text longer than ``max_prompt_tokens`` tokens is cut one past it."""
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await self._run(lambda tok: tok.decode(token_ids))
+
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        return await self._run(lambda tok: tok.convert_ids_to_tokens(token_ids))
+
+    def _encode(self, tok, text: str, add_special_tokens: bool, cut: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``cut``, a text longer than ``max_prompt_tokens`` tokens is cut one past it."""
+        if not cut:
+            return tok(text, add_special_tokens=add_special_tokens)["input_ids"]
         return tok(text, add_special_tokens=add_special_tokens, truncation=True,
                    max_length=self.max_prompt_tokens + 1)["input_ids"]
 
     async def render_chat(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict,
-                          chat_template: str | None) -> dict:
-        """The chat prompt as ``LLM.chat`` builds it: ``{"prompt", "prompt_token_ids"}``."""
+                          chat_template: str | None, add_special_tokens: bool = False, cut: bool = True) -> dict:
+        """The chat prompt as ``LLM.chat`` builds it (by default): ``{"prompt", "prompt_token_ids"}``."""
         template_kwargs = dict(template_kwargs)
         if "chat_template" in template_kwargs:
             chat_template = template_kwargs.pop("chat_template")
@@ -83,26 +94,34 @@ class Preprocessor:
             if not isinstance(chat_template, str):
                 raise APIError(400, "chat_template must be a string", param=param)
             check_text(chat_template, param)
-            return await self._run(lambda tok: self._render_untrusted(tok, chat_template, param, messages,
-                                                                      add_generation_prompt, template_kwargs))
-        return await self._run(lambda tok: self._render_own(tok, messages, add_generation_prompt, template_kwargs))
+
+            def render(tok) -> str:
+                return self._render_untrusted(tok, chat_template, param, messages, add_generation_prompt,
+                                              template_kwargs)
+        else:
+            def render(tok) -> str:
+                return self._render_own(tok, messages, add_generation_prompt, template_kwargs)
+
+        def work(tok) -> dict:
+            text = render(tok)
+            return {"prompt": text, "prompt_token_ids": self._encode(tok, text, add_special_tokens, cut)}
+
+        return await self._run(work)
 
     def _render_untrusted(self, tok, template: str, param: str, messages: list[dict], add_generation_prompt: bool,
-                          template_kwargs: dict) -> dict:
+                          template_kwargs: dict) -> str:
         kwargs = {**tok.special_tokens_map, **template_kwargs, "add_generation_prompt": add_generation_prompt}
         try:
-            text = self.sandbox.render(template, messages, kwargs)
+            return self.sandbox.render(template, messages, kwargs)
         except ValueError as exc:
             raise APIError(400, str(exc), param=param) from None
-        return {"prompt": text, "prompt_token_ids": self._encode(tok, text, add_special_tokens=False)}
 
-    def _render_own(self, tok, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> dict:
+    def _render_own(self, tok, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict) -> str:
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
                                            **template_kwargs)
         except (TemplateError, ValueError, TypeError) as exc:
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from None
-        return {"prompt": text, "prompt_token_ids": self._encode(tok, text, add_special_tokens=False)}
 
     async def _run(self, work):
         return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: work(self._thread_tokenizer()))

@@ -2,28 +2,38 @@
 
 Requests validate ranges where OpenAI's API defines them (temperature in
 [0, 2], penalties in [-2, 2], top_p in (0, 1], ...); a violation becomes a
-400 with ``{"error": {"message", "type", "param", "code"}}``. Fields OpenAI
-has that draftwise does not implement are accepted only at their neutral
-value (``unsupported_fields`` names the others, answered with 400); fields
-unknown to both are ignored, as OpenAI's client may send new ones. Extra
-vLLM sampling fields (``top_k``, ``min_p``, ``repetition_penalty``,
-``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ...) are accepted too,
-through the client's ``extra_body``.
+400 with ``{"error": {"message", "type", "param", "code"}}``. vLLM's extra
+sampling fields (``top_k``, ``min_p``, ``repetition_penalty``,
+``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``add_special_tokens``,
+...) are accepted too, through the client's ``extra_body``. No field is
+ignored: ``unsupported_field`` names the first field that is unknown or set
+to a value draftwise does not implement (``request_fields``), answered with
+400; harmless fields (``user``, ``metadata``, ...) and neutral values pass.
+
+Responses follow OpenAI's shapes, plus vLLM's: ``/tokenize`` and
+``/detokenize``, the model card's fields, and ``metrics.speculative_decoding``
+(vLLM's per-request speculative decoding figures) beside draftwise's own
+``spec_decode``.
 """
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .request_fields import extra_field_error, is_neutral, refusal
+
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
+
     include_usage: bool = False
 
 
 class _SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
 
     model: str | None = None
     n: int = Field(1, ge=1)  # capped by the engine's max_n
@@ -46,8 +56,16 @@ class _SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
-    def unsupported_fields(self) -> list[str]:
-        return ["logit_bias"] if self.logit_bias else []
+    def unsupported_field(self) -> tuple[str, str] | None:
+        """``(param, message)`` for the first field that is unknown or asks for what draftwise does not
+        implement, else None."""
+        if not is_neutral("logit_bias", self.logit_bias):
+            return refusal("logit_bias")
+        if self.stream_options is not None:
+            broken = extra_field_error(self.stream_options.model_extra, "stream_options.")
+            if broken:
+                return broken
+        return extra_field_error(self.model_extra)
 
     def cross_field_error(self) -> tuple[str, str] | None:
         """``(param, message)`` for the first rule across fields that this request breaks (as OpenAI and
@@ -64,16 +82,17 @@ class CompletionRequest(_SamplingRequest):
     logprobs: int | None = Field(None, ge=0)  # capped by the engine's max_logprobs
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's: tokenize a string prompt with the tokenizer's special tokens
 
-    def unsupported_fields(self) -> list[str]:
-        bad = super().unsupported_fields()
-        if self.suffix:
-            bad.append("suffix")
+    def unsupported_field(self) -> tuple[str, str] | None:
+        if not is_neutral("suffix", self.suffix):
+            return refusal("suffix")
         if self.best_of is not None and self.best_of != self.n:
-            bad.append("best_of")
+            return "best_of", (f"best_of={self.best_of} is not supported yet: draftwise returns the n={self.n} "
+                               "choices it samples (best_of must be n or left out)")
         if self.echo and self.logprobs is not None:
-            bad.append("echo")  # echo with logprobs needs prompt logprobs
-        return bad
+            return "echo", "echo with logprobs is not supported yet (it needs prompt logprobs)"
+        return super().unsupported_field()
 
 
 class ChatMessage(BaseModel):
@@ -99,6 +118,7 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # vLLM's: special tokens on top of what the chat template adds
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # vLLM's field; refused unless the server trusts request templates
 
@@ -107,15 +127,13 @@ class ChatCompletionRequest(_SamplingRequest):
             return "top_logprobs", "when top_logprobs is set, logprobs must be true"
         return super().cross_field_error()
 
-    def unsupported_fields(self) -> list[str]:
-        bad = super().unsupported_fields()
-        if self.response_format is not None and self.response_format.type != "text":
-            bad.append("response_format")
-        if self.tools:
-            bad.append("tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            bad.append("tool_choice")
-        return bad
+    def unsupported_field(self) -> tuple[str, str] | None:
+        response_format = self.response_format.model_dump() if self.response_format else None
+        for name, value in (("response_format", response_format), ("tools", self.tools),
+                            ("tool_choice", self.tool_choice)):
+            if not is_neutral(name, value):
+                return refusal(name)
+        return super().unsupported_field()
 
 
 # ---------------------------------------------------------------------- responses
@@ -138,6 +156,26 @@ class SpecDecodeInfo(BaseModel):
     num_accepted_tokens: int
     acceptance_rate: float
     mean_acceptance_length: float
+
+
+class SpeculativeDecodingMetrics(BaseModel):
+    """vLLM's per-request speculative decoding figures (``--per-request-spec-decode-metrics``)."""
+
+    mean_acceptance_length: float  # 1 + accepted / verify steps: the bonus token included
+    draft_acceptance_rate: float  # accepted / proposed draft tokens
+    acceptance_histogram: list[int]  # [j]: verify steps that accepted exactly j draft tokens
+    num_spec_steps: int
+    num_accepted_draft_tokens: int
+    num_draft_tokens: int
+    num_spec_tokens: int
+    per_step_accepted: list[int] | None = None  # "detailed" only: one entry per verify step
+    per_step_drafted: list[int] | None = None
+
+
+class PerRequestMetrics(BaseModel):
+    """vLLM's response ``metrics`` object (draftwise fills its speculative decoding part)."""
+
+    speculative_decoding: SpeculativeDecodingMetrics | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -163,6 +201,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     spec_decode: SpecDecodeInfo | None = None
+    metrics: PerRequestMetrics | None = None
 
 
 class TopLogprob(BaseModel):
@@ -200,6 +239,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo
     spec_decode: SpecDecodeInfo | None = None
+    metrics: PerRequestMetrics | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -222,6 +262,22 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
     spec_decode: SpecDecodeInfo | None = None
+    metrics: PerRequestMetrics | None = None
+
+
+class ModelPermission(BaseModel):
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
 
 
 class ModelCard(BaseModel):
@@ -230,12 +286,54 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "draftwise"
     root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ---------------------------------------------------------------------- /tokenize, /detokenize (vLLM's)
+class TokenizeCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    return_token_strs: bool | None = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
+
+    model: str | None = None
+    tokens: list[int]  # range-checked against the vocabulary by the handler
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ErrorInfo(BaseModel):

@@ -2,7 +2,9 @@
 
 ``OpenAIServing`` checks the model name and unsupported fields, builds
 ``SamplingParams`` from a request, queues engine requests (all or nothing),
-and renders usage and per-request speculative figures. ``TextDelta`` turns
+and renders usage and per-request speculative figures (draftwise's
+``spec_decode``, and vLLM's ``metrics`` when the server is asked for them:
+``spec_metrics.py``). ``TextDelta`` turns
 the engine's cumulative snapshots into stream deltas: text still able to
 become part of a stop string, or ending in an incomplete UTF-8 character, is
 held back until the next snapshot decides it.
@@ -21,7 +23,8 @@ from ..sampling_params import SamplingParams
 from .async_engine import AsyncEngine, RequestFailed, RequestHandle
 from .errors import APIError
 from .preprocess import Preprocessor
-from .protocol import PromptTokensDetails, SpecDecodeInfo, UsageInfo, _SamplingRequest
+from .protocol import PerRequestMetrics, PromptTokensDetails, SpecDecodeInfo, UsageInfo, _SamplingRequest
+from .spec_metrics import SpecTrace, per_request_metrics
 
 logger = logging.getLogger("draftwise")
 
@@ -29,24 +32,28 @@ logger = logging.getLogger("draftwise")
 class OpenAIServing:
     param_aliases: dict[str, str] = {}  # this endpoint's name for a SamplingParams field
 
-    def __init__(self, engine: AsyncEngine, served_model_names: list[str], tokenizer, preprocess: Preprocessor):
+    def __init__(self, engine: AsyncEngine, served_model_names: list[str], tokenizer, preprocess: Preprocessor,
+                 spec_metrics: str = "none"):
         self.engine = engine
         self.served_model_names = served_model_names
         self.tokenizer = tokenizer  # the event loop's own copy (short decodes only): the engine thread uses another
         self.preprocess = preprocess  # tokenization and chat templates, off the event loop
+        self.spec_metrics = spec_metrics  # --per-request-spec-decode-metrics: none, summary or detailed
 
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
 
-    def check_request(self, request: _SamplingRequest) -> None:
-        if request.model is not None and request.model not in self.served_model_names:
-            raise APIError(404, f"The model `{request.model}` does not exist; this server serves "
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
                            f"{self.served_model_names}", param="model", code="model_not_found")
-        unsupported = request.unsupported_fields()
+
+    def check_request(self, request: _SamplingRequest) -> None:
+        self.check_model(request.model)
+        unsupported = request.unsupported_field()
         if unsupported:
-            raise APIError(400, f"unsupported value for {unsupported[0]!r}: draftwise does not implement it",
-                           param=unsupported[0])
+            raise APIError(400, unsupported[1], param=unsupported[0])
         broken = request.cross_field_error()
         if broken:
             raise APIError(400, broken[1], param=broken[0])
@@ -84,11 +91,16 @@ class OpenAIServing:
 
     async def add_requests(self, request_id: str, prompts: list, params: SamplingParams,
                            prompt_param: str) -> list[RequestHandle]:
-        """Queue one engine request per prompt; if one is rejected, abort the others (400)."""
+        """Queue one engine request per prompt; if one is rejected, abort the others (400). A request of
+        one sequence gets a ``SpecTrace`` when vLLM's per-request spec metrics are asked for."""
         handles: list[RequestHandle] = []
+        speculative = self.engine.engine.config.speculative
+        traced = self.spec_metrics != "none" and speculative is not None and len(prompts) == 1 and params.n == 1
+        detailed = self.spec_metrics == "detailed"
         try:
             for i, prompt in enumerate(prompts):
-                handles.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params))
+                trace = SpecTrace(speculative.num_speculative_tokens, detailed) if traced else None
+                handles.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params, trace))
         except BaseException as exc:
             for handle in handles:
                 handle.abort()
@@ -130,6 +142,14 @@ class OpenAIServing:
         return SpecDecodeInfo(num_drafts=drafts, num_draft_tokens=draft_tokens, num_accepted_tokens=accepted,
                               acceptance_rate=accepted / draft_tokens if draft_tokens else 0.0,
                               mean_acceptance_length=1.0 + accepted / drafts)
+
+
+    @staticmethod
+    def request_metrics(handles: list[RequestHandle], outputs: list[RequestOutput]) -> PerRequestMetrics | None:
+        """vLLM's per-request ``metrics`` (one traced request only), else None."""
+        if len(handles) != 1 or not outputs:
+            return None
+        return per_request_metrics(handles[0].trace, outputs[0])
 
 
 def stream_error(request_id: str, exc: Exception) -> str:
@@ -197,13 +217,21 @@ class TextDelta:
 
 
 def sse(payload: BaseModel | dict) -> str:
-    """One server-sent event carrying ``payload`` as JSON (empty ``usage``/``spec_decode`` and
-    unset delta fields left out, as OpenAI's chunks do)."""
+    """One server-sent event carrying ``payload`` as JSON (empty ``usage``/``spec_decode``/``metrics``
+    and unset delta fields left out, as OpenAI's and vLLM's chunks do)."""
     data = payload.model_dump() if isinstance(payload, BaseModel) else payload
-    for key in ("usage", "spec_decode"):
+    for key in ("usage", "spec_decode", "metrics"):
         if key in data and data[key] is None:
             del data[key]
+    if "metrics" in data:
+        data["metrics"] = _without_nulls(data["metrics"])
     for choice in data.get("choices", ()):
         if "delta" in choice:
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
     return f"data: {json.dumps(data)}\n\n"
+
+
+def _without_nulls(value):
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value

@@ -6,7 +6,9 @@ HTTP equals the offline API's. Message content may be a string or a list of
 text parts. ``logprobs`` / ``top_logprobs`` follow OpenAI's chat format.
 A stream starts with a role chunk per choice, sends content deltas, ends each
 choice with its ``finish_reason`` and, with ``stream_options.include_usage``,
-a last chunk with ``usage`` (and the request's ``spec_decode`` figures).
+a last chunk with ``usage`` (and the request's ``spec_decode`` figures, and
+vLLM's ``metrics`` when asked for). ``add_special_tokens`` (vLLM's) adds the
+tokenizer's special tokens on top of what the template renders.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from .protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatMessage,
     ChoiceLogprobs,
     DeltaMessage,
     TokenLogprob,
@@ -53,13 +56,13 @@ class ChatServing(OpenAIServing):
                               finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                    for c in outputs[0].outputs]
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                      usage=self.usage(outputs), spec_decode=self.spec_info(outputs))
+                                      usage=self.usage(outputs), spec_decode=self.spec_info(outputs),
+                                      metrics=self.request_metrics(handles, outputs))
 
     async def _render(self, request: ChatCompletionRequest) -> dict:
-        messages = [{**m.model_dump(exclude_none=True), "content": _text_content(m.content)}
-                    for m in request.messages]
-        return await self.preprocess.render_chat(messages, request.add_generation_prompt,
-                                                 request.chat_template_kwargs or {}, request.chat_template)
+        return await self.preprocess.render_chat(template_messages(request.messages), request.add_generation_prompt,
+                                                 request.chat_template_kwargs or {}, request.chat_template,
+                                                 add_special_tokens=request.add_special_tokens)
 
     async def _stream(self, request: ChatCompletionRequest, request_id: str, handles,
                       params) -> AsyncIterator[str]:
@@ -87,10 +90,16 @@ class ChatServing(OpenAIServing):
             yield stream_error(request_id, exc)
         else:
             if request.stream_options and request.stream_options.include_usage and final is not None:
-                yield chunk([], usage=self.usage([final]), spec_decode=self.spec_info([final]))
+                yield chunk([], usage=self.usage([final]), spec_decode=self.spec_info([final]),
+                            metrics=self.request_metrics(handles, [final]))
         finally:
             handles[0].abort()
         yield "data: [DONE]\n\n"
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """The request's messages as the chat template reads them (content parts joined into text)."""
+    return [{**m.model_dump(exclude_none=True), "content": _text_content(m.content)} for m in messages]
 
 
 def _text_content(content) -> str:

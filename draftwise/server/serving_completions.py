@@ -3,8 +3,11 @@
 ``prompt`` may be a string, a list of strings, a list of token ids, or a
 list of token-id lists; choice ``index`` is ``prompt_index * n + i``. A string
 prompt is tokenized by the engine exactly as ``LLM.generate`` does, so greedy
-output over HTTP equals the offline API's. ``echo`` prepends the prompt
-text; ``logprobs=k`` returns the sampled token's logprob and the top k.
+output over HTTP equals the offline API's (``add_special_tokens=false``,
+vLLM's field, tokenizes it without the tokenizer's special tokens). ``echo``
+prepends the prompt text; ``logprobs=k`` returns the sampled token's logprob
+and the top k. vLLM's per-request ``metrics`` come with a one-prompt, ``n=1``
+request when the server is asked for them (a stream: on its usage chunk).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ class CompletionServing(OpenAIServing):
         if len(raw_prompts) * request.n > max_n:
             raise APIError(400, f"{len(raw_prompts)} prompts x n={request.n} choices is more than the server's "
                            f"max_n={max_n} choices per request", param="n" if len(raw_prompts) == 1 else "prompt")
-        prompts = [await self._tokenize(p) for p in raw_prompts]
+        prompts = [await self._tokenize(p, request.add_special_tokens) for p in raw_prompts]
         for prompt in prompts:
             self.check_length(prompt["prompt_token_ids"], request.max_tokens, "prompt")
         params = self.sampling_params(request, request.max_tokens, request.logprobs)
@@ -40,7 +43,8 @@ class CompletionServing(OpenAIServing):
         choices = [self._choice(request, p * request.n + c.index, out, c)
                    for p, out in enumerate(outputs) for c in out.outputs]
         return CompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                  usage=self.usage(outputs), spec_decode=self.spec_info(outputs))
+                                  usage=self.usage(outputs), spec_decode=self.spec_info(outputs),
+                                  metrics=self.request_metrics(handles, outputs))
 
     def _choice(self, request: CompletionRequest, index: int, out: RequestOutput,
                 completion: CompletionOutput) -> CompletionChoice:
@@ -51,10 +55,11 @@ class CompletionServing(OpenAIServing):
         return CompletionChoice(index=index, text=prefix + completion.text, logprobs=logprobs,
                                 finish_reason=completion.finish_reason, stop_reason=completion.stop_reason)
 
-    async def _tokenize(self, prompt) -> dict:
-        """Engine prompt with token ids; a string is tokenized exactly as the engine would."""
+    async def _tokenize(self, prompt, add_special_tokens: bool) -> dict:
+        """Engine prompt with token ids; a string is tokenized exactly as the engine would (by default)."""
         if isinstance(prompt, str):
-            return {"prompt": prompt, "prompt_token_ids": await self.preprocess.tokenize(prompt, "prompt")}
+            ids = await self.preprocess.tokenize(prompt, "prompt", add_special_tokens=add_special_tokens)
+            return {"prompt": prompt, "prompt_token_ids": ids}
         return {"prompt_token_ids": prompt}
 
     def _prompt_text(self, out: RequestOutput) -> str:
@@ -92,7 +97,8 @@ class CompletionServing(OpenAIServing):
             outputs = [finals[p] for p in sorted(finals)]
             if request.stream_options and request.stream_options.include_usage:
                 yield sse(CompletionResponse(id=request_id, created=created, model=self.model_name, choices=[],
-                                             usage=self.usage(outputs), spec_decode=self.spec_info(outputs)))
+                                             usage=self.usage(outputs), spec_decode=self.spec_info(outputs),
+                                             metrics=self.request_metrics(handles, outputs)))
         finally:
             for handle in handles:
                 handle.abort()
