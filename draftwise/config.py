@@ -158,7 +158,9 @@ class EngineConfig:
         return torch.bfloat16 if _bf16_is_fast(self.torch_device) else torch.float32
 
 
-_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict}  # the latter: spec/verify_config.py
+# rejection_sampler_config: sample/verify_config.py; grammar_drafts (default True): the grammar of a structured
+# output drafts the tokens it forces (engine/structured_outputs.py)
+_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict, "grammar_drafts": bool}
 
 
 def _check_additional_config(extra) -> None:

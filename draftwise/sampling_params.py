@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .structured.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
@@ -40,6 +42,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # what the output must match (structured/)
     # Derived, filled by __post_init__.
     stop_strings: list[str] = field(default_factory=list, repr=False)
 
@@ -73,6 +76,8 @@ class SamplingParams:
         _check(isinstance(ids, (list, tuple)) and all(_is_int(t, 0) for t in ids), "stop_token_ids",
                self.stop_token_ids, "a list of non-negative ints")
         self.stop_token_ids = list(ids)
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
         if self.temperature < _GREEDY_EPS:
             self.temperature = 0.0
 

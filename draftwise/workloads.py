@@ -11,9 +11,10 @@ a raw completion ``prompt`` (for ``LLM.generate``), never both. Workloads:
   for it back with exactly one small change (rename a parameter, add a docstring line, ...).
   The output mostly copies the prompt, which is where n-gram/suffix drafting shines.
 * ``chat``: 24 hand-written free-form requests (advice, explanations, stories, emails, ...).
-* ``json``: 16 requests to turn a described record into a JSON object.
+* ``json``: 16 requests to turn a described record into a JSON object, each with the JSON schema
+  of its answer (``workload_json.py``).
 * a path ending in ``.jsonl``: one prompt per line, ``{"prompt": "..."}`` or
-  ``{"messages": [...]}`` (optional ``"name"``), kept in file order.
+  ``{"messages": [...]}`` (optional ``"name"`` and ``"schema"``), kept in file order.
 
 Named workloads are shuffled with ``random.Random(seed)`` (the same seed gives the same order
 on the same Python version) before ``num_prompts`` truncates, so a short run still samples
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .workload_json import RECORDS, prompt_text, schema
+
 WORKLOADS = ("humaneval", "code-edit", "chat", "json")
 # The system prompt multi-turn benchmarks share between conversations (~150 tokens with SmolLM2's template).
 SYSTEM_PROMPT = ("You are a senior software engineer helping a colleague. Answer precisely, show code when it "
@@ -46,6 +49,7 @@ class BenchPrompt:
     name: str
     messages: list[dict] | None = None  # chat messages, e.g. [{"role": "user", "content": "..."}]
     prompt: str | None = None  # raw completion prompt
+    schema: dict | None = None  # the JSON schema the answer must follow (json workload; structured outputs)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -244,50 +248,13 @@ CHAT = (
     "Give me tips for running my first 10 km race in two months.",
 )
 
-JSON_RECORDS = (
-    ("a book", ("title 'The Silent River', author Maria Lindqvist, published 2019, 312 pages, "
-     "genres mystery and thriller, ISBN 978-0-14-312854-0")),
-    ("an employee", ("name John Okafor, id 4471, department Finance, started 3 March 2021, "
-     "salary 58000 EUR, skills Excel, SQL and forecasting")),
-    ("a product", ("SKU KB-201, wireless keyboard, price 49.99 USD, in stock (120 units), "
-     "colours black and white, weight 540 g")),
-    ("a weather report", ("city Oslo, date 2024-01-15, temperature -7.5 C, humidity 81%, wind 12 km/h from the north, "
-     "light snow")),
-    ("a flight", ("flight LH 455 from Frankfurt (FRA) to San Francisco (SFO), departs 2024-06-02 10:15, "
-     "arrives 13:05 local time, Airbus A350, gate B44")),
-    ("a recipe", ("pancakes for 4 people: 200 g flour, 2 eggs, 300 ml milk, a pinch of salt; "
-     "20 minutes; difficulty easy")),
-    ("a customer order", ("order 90312 by Aiko Tanaka, two notebooks at 3.50 and one pen at 1.20, "
-     "shipping to Kyoto, paid by card, status shipped")),
-    ("a movie", ("'Northern Lights', directed by Sam Reyes, 2021, 118 minutes, rated PG-13, "
-     "starring Ana Costa and Lee Min, rating 7.4/10")),
-    ("a server", ("hostname web-03, IP 10.0.4.17, 8 CPU cores, 32 GB RAM, Ubuntu 22.04, "
-     "services nginx and redis, last reboot 2024-05-30")),
-    ("a student", ("Lena Fischer, student number 20231187, computer science, year 2, "
-     "grades: algorithms A, databases B+, statistics A-")),
-    ("a hotel booking", ("guest Omar Haddad, Hotel Miramar, room 512 (double), check-in 2024-08-10, "
-     "check-out 2024-08-14, breakfast included, total 640 EUR")),
-    ("a car", ("2018 Toyota Corolla, petrol, 85000 km, manual gearbox, colour silver, "
-     "two previous owners, price 11900 EUR")),
-    ("an event", ("'Open Source Summit', Vienna, 12-14 September 2024, 1500 attendees expected, "
-     "tracks cloud, security and AI, ticket 350 EUR")),
-    ("a bank transaction", ("id TX-778812, 2024-03-21 14:02 UTC, 250.00 GBP from account 12-34-56 to 65-43-21, "
-     "reference 'rent March', status completed")),
-    ("a plant", ("Monstera deliciosa, common name Swiss cheese plant, indirect light, water weekly, "
-     "toxic to pets, grows up to 3 m indoors")),
-    ("a support ticket", ("ticket 5521 opened by p.nguyen@example.com, priority high, 'cannot log in after "
-     "password reset', assigned to Maya, status open, tags login and auth")),
-)
-
-
 def load_chat(seed: int = 0) -> list[BenchPrompt]:
     return [BenchPrompt(f"chat/{i:02d}", _user(text)) for i, text in enumerate(CHAT)]
 
 
 def load_json(seed: int = 0) -> list[BenchPrompt]:
-    return [BenchPrompt(f"json/{i:02d}", _user(
-        f"Produce a JSON object describing {kind}: {record}. Use snake_case keys, numbers as numbers and lists "
-        "where there are several values. Reply with only the JSON.")) for i, (kind, record) in enumerate(JSON_RECORDS)]
+    return [BenchPrompt(f"json/{i:02d}", _user(prompt_text(kind, record)), schema=schema(fields))
+            for i, (kind, record, fields) in enumerate(RECORDS)]
 
 
 _LOADERS: dict[str, Callable[[int], list[BenchPrompt]]] = {
@@ -317,14 +284,16 @@ def _parse_line(line: str, where: str, default_name: str) -> BenchPrompt:
         raise ValueError(f"{where}: line is not valid JSON ({exc.msg})") from None
     if not isinstance(record, dict) or ("prompt" in record) == ("messages" in record):
         raise ValueError(f'{where}: expected an object with exactly one of "prompt" and "messages"')
-    name = record.get("name", default_name)
+    name, schema = record.get("name", default_name), record.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError(f'{where}: "schema" must be a JSON schema object')
     if "prompt" in record:
         if not isinstance(record["prompt"], str):
             raise ValueError(f'{where}: "prompt" must be a string')
-        return BenchPrompt(str(name), prompt=record["prompt"])
+        return BenchPrompt(str(name), prompt=record["prompt"], schema=schema)
     messages = record["messages"]
     if not (isinstance(messages, list) and messages and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages)):
         raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role": str, "content": str}} objects')
-    return BenchPrompt(str(name), messages=messages)
+    return BenchPrompt(str(name), messages=messages, schema=schema)

@@ -139,7 +139,7 @@ def test_kv_transfer_config_as_vllm_object_or_dict(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], ["enable_auto_tool_choice", "tool calling"]),
+    (["--enable-auto-tool-choice", "--tool-call-parser", "hermes"], ["enable_auto_tool_choice", "tool-call parser"]),
     (["--ssl-keyfile", "k.pem"], ["ssl_keyfile", "TLS"]),
     # the seeds' MTP command line, on a model it cannot run here: one line naming the flag and why
     (["--data-parallel-size", "1", "--enable-expert-parallel", "--seed", "1024", "--served-model-name", "dsv3",

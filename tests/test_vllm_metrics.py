@@ -102,7 +102,8 @@ def test_plain_engine_lists_vllms_metrics_without_spec_counters(tiny_llm):
     names = {m.name for m in tiny_llm.get_metrics()}
     assert set(NON_SPEC) <= names
     assert not any(name.startswith("vllm:spec_decode") for name in names)
-    assert tiny_llm.get_spec_decode_stats() == {}
+    # (the shared engine may have run structured outputs: only the grammar's draft counters then)
+    assert not any(key.startswith("spec_decode") for key in tiny_llm.get_spec_decode_stats())
 
 
 def test_an_aborted_request_counts_as_abort(tiny_llm):

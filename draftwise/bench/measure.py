@@ -22,7 +22,7 @@ import itertools
 import time
 from dataclasses import dataclass
 
-from .. import LLM, SamplingParams
+from .. import LLM, SamplingParams, StructuredOutputsParams
 from ..spec_decode.metrics import SpecDecodingStats
 from ..workloads import BenchPrompt
 from .options import BenchOptions, Configuration
@@ -56,6 +56,7 @@ class PassResult:
     seconds: float
     samples: list[RequestSample]  # in prompt order
     spec: SpecDecodingStats | None
+    grammar: tuple[int, int] | None = None  # tokens the grammar drafted, and accepted (structured outputs)
 
     @property
     def num_tokens(self) -> int:
@@ -78,20 +79,26 @@ def tokenize_prompts(tokenizer, prompts: list[BenchPrompt]) -> list[PromptInput]
     return inputs
 
 
-def sampling_params(options: BenchOptions, num_prompts: int) -> list[SamplingParams]:
-    """Greedy, or sampled with a seed per prompt so every configuration draws the same way."""
-    if options.temperature == 0:
-        return [SamplingParams(temperature=0.0, max_tokens=options.max_tokens)] * num_prompts
-    return [SamplingParams(temperature=options.temperature, max_tokens=options.max_tokens, seed=options.seed + i)
-            for i in range(num_prompts)]
+def sampling_params(options: BenchOptions, prompts: list[BenchPrompt]) -> list[SamplingParams]:
+    """Greedy, or sampled with a seed per prompt so every configuration draws the same way; with
+    ``options.structured_outputs`` a prompt with a schema is constrained to it."""
+    greedy = options.temperature == 0
+    return [SamplingParams(temperature=options.temperature, max_tokens=options.max_tokens,
+                           seed=None if greedy else options.seed + i,
+                           structured_outputs=StructuredOutputsParams(json=prompt.schema)
+                           if options.structured_outputs and prompt.schema else None)
+            for i, prompt in enumerate(prompts)]
 
 
 def build_engine(options: BenchOptions, config: Configuration, concurrency: int) -> LLM:
     """The configuration's engine for ``concurrency`` requests at once (``max_num_seqs``, which also
     sizes the default KV cache), warmed up with that many short requests."""
+    additional = dict(options.additional_config or {})
+    if config.grammar_drafts is not None:
+        additional["grammar_drafts"] = config.grammar_drafts
     llm = LLM(model=options.model, dtype=options.dtype, device=options.device, seed=options.seed,
               max_num_seqs=concurrency, speculative_config=config.speculative_config,
-              kv_cache_memory_bytes=options.kv_cache_memory_bytes, additional_config=options.additional_config,
+              kv_cache_memory_bytes=options.kv_cache_memory_bytes, additional_config=additional or None,
               compilation_config=options.compilation_config, enforce_eager=options.enforce_eager)
     warmup = [BenchPrompt("warmup", prompt=WARMUP_TEXT.format(i)) for i in range(concurrency)]
     params = SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS)
@@ -122,8 +129,9 @@ def run_pass(llm: LLM, prompts: list[PromptInput], params: list[SamplingParams],
         engine.abort_request(list(running))
         raise
     seconds = time.perf_counter() - start
-    spec = counters_between(before, llm.get_spec_decode_stats())
-    return PassResult(seconds, [samples[i] for i in range(len(prompts))], spec)
+    after = llm.get_spec_decode_stats()
+    return PassResult(seconds, [samples[i] for i in range(len(prompts))], counters_between(before, after),
+                      grammar_between(before, after))
 
 
 class _Tracker:
@@ -152,9 +160,17 @@ class _Tracker:
         return RequestSample(self.prompt_index, token_ids, ttft, tpot, self.gaps)
 
 
+def grammar_between(before: dict, after: dict) -> tuple[int, int] | None:
+    """(drafted, accepted): what the grammar's draft counters grew by (None without structured outputs)."""
+    if "grammar_num_draft_tokens" not in after:
+        return None
+    return tuple(after[key] - before.get(key, 0) for key in ("grammar_num_draft_tokens",
+                                                             "grammar_num_accepted_tokens"))
+
+
 def counters_between(before: dict, after: dict) -> SpecDecodingStats | None:
     """What the engine's speculative counters grew by (``None`` without speculation)."""
-    if not after:
+    if "spec_decode_num_drafts" not in after:
         return None
     per_pos_after = after["spec_decode_num_accepted_tokens_per_pos"]
     per_pos_before = before.get("spec_decode_num_accepted_tokens_per_pos", [0] * len(per_pos_after))

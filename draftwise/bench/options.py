@@ -14,6 +14,7 @@ Example: ``--methods none,ngram --num-speculative-tokens 1,3`` gives ``none``, `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +28,17 @@ COMPARE_CHOICES = ("transformers",)
 
 @dataclass(slots=True, frozen=True)
 class Configuration:
-    """One engine setting under test: ``none`` (no speculation) or a method at one depth."""
+    """One engine setting under test: ``none`` (no speculation) or a method at one depth, and with
+    structured outputs whether the grammar drafts the tokens it forces (None: no constraints)."""
     method: str
     num_speculative_tokens: int | None = None
     speculative_config: dict | None = None  # what LLM(speculative_config=...) gets
+    grammar_drafts: bool | None = None
 
     @property
     def label(self) -> str:
-        return self.method if self.num_speculative_tokens is None else f"{self.method} K={self.num_speculative_tokens}"
+        label = self.method if self.num_speculative_tokens is None else f"{self.method} K={self.num_speculative_tokens}"
+        return label + {None: "", True: " +grammar", False: ""}[self.grammar_drafts]
 
 
 @dataclass(slots=True)
@@ -60,6 +64,8 @@ class BenchOptions:
     enforce_eager: bool = False
     compare: list[str] = field(default_factory=list)
     spec_options: dict[str, dict] = field(default_factory=dict)  # method -> its extra speculative_config keys
+    structured_outputs: bool = False  # constrain each prompt that has a JSON schema (the json workload) to it
+    grammar_drafts: list[str] = field(default_factory=lambda: ["on"])  # with structured outputs: on, off or both
 
     def __post_init__(self) -> None:
         known = ["none", *registered_methods()]
@@ -83,6 +89,10 @@ class BenchOptions:
         for value in self.compare:
             if value not in COMPARE_CHOICES:
                 raise ValueError(f"--compare: unknown value {value!r}; choose from {', '.join(COMPARE_CHOICES)}")
+        if not self.grammar_drafts or any(value not in ("on", "off") for value in self.grammar_drafts):
+            raise ValueError(f"--grammar-drafts takes on, off or on,off; got {','.join(self.grammar_drafts)}")
+        if self.structured_outputs and self.compare:
+            raise ValueError("--structured-outputs cannot be compared with transformers (it has no constraints)")
         if "transformers" in self.compare and importlib.util.find_spec("transformers") is None:
             raise ValueError("--compare transformers needs the transformers package: pip install transformers")
 
@@ -96,7 +106,8 @@ class BenchOptions:
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes, compare=args.compare or [],
                    additional_config=json_flag("--additional-config", args.additional_config),
                    compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
-                   spec_options=_spec_options(args.speculative_config or []))
+                   spec_options=_spec_options(args.speculative_config or []),
+                   structured_outputs=args.structured_outputs, grammar_drafts=args.grammar_drafts)
 
 
 def configurations(options: BenchOptions) -> list[Configuration]:
@@ -109,6 +120,9 @@ def configurations(options: BenchOptions) -> list[Configuration]:
             raw = {**options.spec_options.get(method, {}), "method": method, "num_speculative_tokens": depth}
             SpeculativeConfig.from_value(raw)  # raises ValueError naming the bad key
             found.append(Configuration(method, depth, raw))
+    if options.structured_outputs:
+        found = [dataclasses.replace(config, grammar_drafts=value == "on")
+                 for config in found for value in options.grammar_drafts]
     return found
 
 
@@ -176,6 +190,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
              "of the mean (default: 0.03)")
     add("--seed", type=int, default=0, help="workload order and sampling seeds")
     add("--kv-cache-memory-bytes", type=int, default=None)
+    add("--structured-outputs", action="store_true",
+        help="constrain each prompt that has a JSON schema (the json workload) to it")
+    add("--grammar-drafts", type=_list_type(str), default=["on"], metavar="on|off|on,off",
+        help="with --structured-outputs: whether the grammar drafts the tokens it forces; on,off runs both")
     add("--additional-config", default=None, metavar="JSON",
         help='engine options for every configuration, e.g. \'{"gguf_int4": true}\'')
     add_compilation_args(parser)

@@ -86,7 +86,9 @@ def _header() -> str:
 
 
 def _row(m: Measurement) -> str:
-    name = m.method if m.backend == "draftwise" else m.label.split(" K=")[0].replace("transformers", "hf")
+    name = m.label.split(" K=")[0].replace("transformers", "hf")
+    if m.backend == "draftwise":
+        name = m.method + (" +grammar" if m.label.endswith("+grammar") else "")
     spec = m.spec
     cells = [f"{name:<17}", f"{m.num_speculative_tokens or '-':>3}", f"{m.concurrency:>4}",
              f"{m.tokens_per_s:>9.1f}", f"{100 * m.spread:>6.1f}%", _cell(m.speedup, "{:.2f}x", 8),
@@ -97,6 +99,8 @@ def _row(m: Measurement) -> str:
              _cell(m.num_matched, "{}/" + str(len(m.outputs)), 6),
              f"{len(m.passes_tokens_per_s)}{'' if m.stable else '*'}".rjust(6)]
     per_pos = " ".join(f"{p:.2f}" for p in spec.per_position_acceptance) if spec else "-"
+    if m.grammar:
+        per_pos += f"  grammar drafted {m.grammar[0]}, accepted {m.grammar[1]}"
     return " ".join(cells) + "  " + per_pos
 
 

@@ -136,7 +136,7 @@ class _Session:
         self._describe(config, llm, time.perf_counter() - start)
         inputs = self.inputs.setdefault(workload, tokenize_prompts(llm.get_tokenizer(), self.workloads[workload]))
         try:
-            return run_pass(llm, inputs, sampling_params(self.options, len(inputs)), concurrency)
+            return run_pass(llm, inputs, sampling_params(self.options, self.workloads[workload]), concurrency)
         finally:
             del llm
             gc.collect()
@@ -151,7 +151,7 @@ class _Session:
                                 model["eos_token_ids"])
         inputs = self.inputs[workload]
         self._hf.warm_up(inputs[0], depth)
-        return self._hf.run_pass(inputs, sampling_params(self.options, len(inputs)), depth)
+        return self._hf.run_pass(inputs, sampling_params(self.options, self.workloads[workload]), depth)
 
     def _describe(self, config: Configuration, llm, seconds: float) -> None:
         engine = llm.llm_engine

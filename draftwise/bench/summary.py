@@ -64,6 +64,7 @@ class Measurement:
     itl_s: float | None
     tpot_s: float | None
     outputs: list[list[int]] = field(repr=False)  # first pass, in prompt order
+    grammar: tuple[int, int] | None = None  # (drafted, accepted) by the grammar over all passes
     speedup: float | None = None  # over draftwise "none" at the same concurrency
     num_matched: int | None = None  # first-pass outputs equal to "none"'s (None: nothing to compare)
 
@@ -93,6 +94,8 @@ class Measurement:
             "passes_acceptance_rate": self.passes_acceptance_rate if spec else None,
             "ttft_ms": _ms(self.ttft_s), "itl_ms": _ms(self.itl_s), "tpot_ms": _ms(self.tpot_s),
             "outputs_match_none": self.num_matched, "num_prompts": len(self.outputs),
+            "grammar_num_draft_tokens": self.grammar and self.grammar[0],
+            "grammar_num_accepted_tokens": self.grammar and self.grammar[1],
         }
 
 
@@ -112,12 +115,18 @@ def summarize(passes: list[PassResult], max_rel_error: float, **labels) -> Measu
         ttft_s=_median([s.ttft for s in samples if s.ttft is not None]),
         itl_s=_median([g for s in samples for g in s.gaps]),
         tpot_s=_median([s.tpot for s in samples if s.tpot is not None]),
-        outputs=[s.token_ids for s in passes[0].samples])
+        outputs=[s.token_ids for s in passes[0].samples],
+        grammar=None if passes[0].grammar is None else tuple(map(sum, zip(*(p.grammar for p in passes)))))
 
 
 def compare_outputs(measurements: list[Measurement]) -> None:
-    """Set ``speedup`` and ``num_matched`` against draftwise ``none`` of the same workload and concurrency."""
-    base = {(m.workload, m.concurrency): m for m in measurements if m.backend == "draftwise" and m.method == "none"}
+    """Set ``speedup`` and ``num_matched`` against draftwise ``none`` of the same workload and concurrency
+    (with structured outputs, ``none`` without grammar drafts: plain constrained decoding)."""
+    base = {}  # draftwise "none", without grammar drafts where both ran
+    for m in measurements:
+        if m.backend == "draftwise" and m.method == "none" and (m.label == "none" or (m.workload, m.concurrency)
+                                                                 not in base):
+            base[(m.workload, m.concurrency)] = m
     for m in measurements:
         ref = base.get((m.workload, m.concurrency))
         if ref is None:

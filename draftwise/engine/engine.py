@@ -16,6 +16,8 @@ while each forward runs (see ``step``).
 With ``speculative_config``, a ``Speculator`` drafts tokens after each step;
 the next step verifies them in the same target forward that decodes, and
 ``BlockManager.rollback`` keeps the accepted positions' K/V and drops the rest.
+Structured outputs (grammars compiled off the step loop, masks, grammar drafts with or without
+a ``Speculator``): ``structured_outputs.py``.
 
 Every step's forward is timed into ``StepCostModel``s (seeded at start-up):
 the one of steps without prefill prices rows for the draft-length policy, the
@@ -56,10 +58,13 @@ from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
-from .request_checks import check_prompt_text, check_request
+from .model_limits import eos_token_ids, resolve_max_model_len
+from .prompt_input import tokenize_prompt
+from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
 from .step_cost import StepCostModel, fixed_row_cost, measure_step_seconds
+from .structured_outputs import StructuredOutputs
 
 logger = logging.getLogger("draftwise")
 
@@ -79,12 +84,12 @@ class LLMEngine:
         config.model_path = path
         self.hf_config = load_config(path)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
-        self.max_model_len = _max_model_len(config, self.hf_config)
+        self.max_model_len = resolve_max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
         extra = config.additional_config or {}
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False))
-        self.eos_token_ids = _eos_ids(self.hf_config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None
         pool = KVPool(config.block_size, self.dtype, self.device)
@@ -99,7 +104,10 @@ class LLMEngine:
         num_blocks = self.block_manager.num_blocks
         paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
                            self.block_manager.block_table)
-        self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler)
+        self.structured = StructuredOutputs(self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids,
+                                            self.max_model_len, self.speculator and self.speculator.num_spec_tokens,
+                                            grammar_drafts=extra.get("grammar_drafts", True))
+        self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler, self.structured)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = self._compile(paged, max_batched)
         self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
@@ -206,11 +214,12 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in the engine")
-        text, token_ids = self._tokenize(prompt)
+        text, token_ids = tokenize_prompt(self.tokenizer, prompt)
         if self.config.kv_transfer and self.config.kv_transfer.prefill_only:
             params = dataclasses.replace(params, max_tokens=1, min_tokens=0)  # a producer only prefills
         check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len,
                       self.block_manager.num_blocks * self.block_manager.block_size, self.config.request_limits)
+        grammar = self.structured.check(params)
         arrival = arrival_time or time.time()
         seqs = []
         for i in range(params.n):
@@ -218,7 +227,7 @@ class LLMEngine:
             seqs.append(Sequence(request_id, i, token_ids, params, seed, arrival))
         scored = None if params.prompt_logprobs is None else [None]  # the first prompt token has no logprob
         self.requests[request_id] = _Request(text, seqs, prompt_logprobs=scored)
-        for seq in seqs:
+        for seq in self.structured.hold(seqs, grammar):  # constrained ones wait for their grammar
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str | list[str]) -> None:
@@ -253,17 +262,30 @@ class LLMEngine:
         the outputs of the step before it; the tokens, and so the outputs, are the same either way.
         (The forward stays on this thread: a second thread running torch ops would start a second
         OpenMP team, and on a small CPU both teams then stop spin-waiting and every op slows down.)"""
+        refused = self._admit_compiled()
         plan = self.scheduler.schedule()
+        if plan.is_empty:
+            self.structured.wait_for_compile(0.05)  # nothing else to run: do not spin
         if not self.config.async_scheduling:
             if plan.is_empty:
-                return []
+                return self._outputs(refused)
             plan, result, failed = self._execute_isolating(plan)
-            return self._outputs(self._apply(plan, result) + failed)
+            return self._outputs(self._apply(plan, result) + failed + refused)
         previous = self._output_thread.submit(self._outputs, self._pending_outputs)
         plan, result, failed = (plan, None, []) if plan.is_empty else self._execute_isolating(plan, previous.result)
         outputs = previous.result()  # before _apply changes the sequences it reads
-        self._pending_outputs = (self._apply(plan, result) if result is not None else []) + failed
+        self._pending_outputs = (self._apply(plan, result) if result is not None else []) + failed + refused
         return outputs
+
+    def _admit_compiled(self) -> list[str]:
+        """Schedule the sequences whose grammar compiled since the last step; fail the requests whose
+        grammar did not build (their ids)."""
+        ready, refused = self.structured.admit()
+        for seq in ready:
+            self.scheduler.add(seq)
+        for request_id, error in refused:
+            self._fail_request(request_id, error)
+        return [request_id for request_id, _ in refused]
 
     def _execute_isolating(self, plan: SchedulerOutput, settle=lambda: None
                            ) -> tuple[SchedulerOutput, StepResult, list[str]]:
@@ -326,6 +348,7 @@ class LLMEngine:
             for seq in plan.preempted:
                 spec.on_finished(seq)
         finished = self.output_processor.append(result)
+        finished += self.structured.on_appended(result)  # grammars completed: finish_reason "stop"
         for scored in result.prompt_logprobs:
             request = self.requests.get(scored.request_id)
             if request is not None:
@@ -334,6 +357,7 @@ class LLMEngine:
             self.block_manager.cache_computed(item.seq)
         if spec:  # before finished sequences are released: their last rows still count
             spec.propose(result)
+        self.structured.draft(result.seqs)  # the grammar's drafts, with or without a proposer
         for seq in finished:
             self._release(seq)
         return list(dict.fromkeys(s.request_id for s in result.seqs))
@@ -360,45 +384,14 @@ class LLMEngine:
         return self.stats.snapshot()
 
     def get_spec_decode_stats(self) -> dict:
-        """Speculative decoding counters since start-up and their derived rates (empty without speculation)."""
-        return self.speculator.stats.as_dict() if self.speculator else {}
+        """Speculative decoding counters since start-up and their derived rates (empty without speculation),
+        and the grammar's drafts (``grammar_num_draft_tokens``, ``..._accepted_tokens``) once structured
+        outputs ran."""
+        return {**(self.speculator.stats.as_dict() if self.speculator else {}), **self.structured.spec_stats()}
 
     # ------------------------------------------------------------------ helpers
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
+        self.structured.release(seq)
         if self.speculator:
             self.speculator.on_finished(seq)
-
-    def _tokenize(self, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                ids = prompt["prompt_token_ids"]
-                if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
-                    raise ValueError("prompt_token_ids must be a list of ints")
-                return prompt.get("prompt"), list(ids)
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
-        if not isinstance(prompt, str):
-            raise ValueError(f"prompt must be a str or a dict, got {type(prompt).__name__}")
-        check_prompt_text(prompt)
-        return prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-
-
-def _max_model_len(config: EngineConfig, hf_config) -> int:
-    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
-        raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                         f"max_position_embeddings={limit}")
-    return config.max_model_len
-
-
-def _eos_ids(hf_config, tokenizer) -> set[int]:
-    ids = getattr(hf_config, "eos_token_id", None)
-    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids

@@ -7,6 +7,10 @@ of a sequence, plus one row per draft), hand them to ``sample/`` once (with
 ``SpecDecodeMetadata`` when drafts are verified), and read the fixed-shape
 result back to the host once.
 
+Structured outputs: ``grammar`` (``structured_outputs.py``) gives the token bitmask of the
+constrained sequences' rows; the sampler applies it to their logits before sampling and
+verification (logprobs stay the raw model's). Steps without constrained sequences get none.
+
 A sequence that scores its prompt (``prompt_logprobs.py``) adds the rows of its
 prompt positions in the step: their logits are computed together, in slices of
 ``prompt_rows_per_slice`` rows (so a long chunk never holds a ``[chunk, vocab]``
@@ -50,8 +54,9 @@ class ModelRunner:
     prompt_rows_per_slice = 512  # prompt-scoring rows whose logits exist at once
 
     def __init__(self, paged: PagedModel, eos_token_ids: set[int],
-                 verify_config: RejectionSamplerConfig | None = None):
+                 verify_config: RejectionSamplerConfig | None = None, grammar=None):
         self.paged = paged
+        self.grammar = grammar  # step_masks(seqs, drafts) -> GrammarMasks | None (structured outputs)
         self.model = paged.model
         self.device = paged.device
         self.verify_config = verify_config  # block / entropy verify of sampled drafts; None: standard
@@ -78,9 +83,14 @@ class ModelRunner:
         rows = [r for i, s in sampling for r in range(cu[i + 1] - len(s.spec_token_ids) - 1, cu[i + 1])]
         logits = self.paged.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [num_rows, V]
         meta = build_sampling_metadata(seqs, drafts, self.vocab_size, self.eos_token_ids, self.device)
+        masks = self.grammar.step_masks(seqs, drafts) if self.grammar is not None else None
+        residual = None
+        if masks is not None:
+            meta.grammar_rows, meta.grammar_bitmask = masks.rows.to(self.device), masks.bitmask.to(self.device)
+            residual = masks.residual_probs
         spec = None
-        if any(drafts):
-            spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec_probs for s in seqs], self.device)
+        if any(drafts) or residual:
+            spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec_probs for s in seqs], self.device, residual)
         host = sample(logits, meta, spec, self.verify_config).to_host()
         return StepResult(seqs, host.token_ids, [len(d) for d in drafts], host.logprobs, host.ranks,
                           host.top_ids, host.top_logprobs, target_hidden, prompt_scores)

@@ -3,7 +3,8 @@
 Stop rules, checked after each appended token, in vLLM's order: EOS (unless
 ``ignore_eos``), ``stop_token_ids``, stop strings (the text is cut before the
 match unless ``include_stop_str_in_output``), ``max_tokens``, and the model's
-context length. None of them fires before ``min_tokens`` tokens.
+context length. None of them fires before ``min_tokens`` tokens. (A completed grammar also
+finishes a sequence with ``"stop"``, on its last token: ``structured_outputs.py``.)
 
 Logprob dicts (a sampled token's, a scored prompt token's) hold the token
 itself first, with its rank, then the top-N tokens ranked 1..N; each entry's
@@ -113,7 +114,8 @@ class OutputProcessor:
 
     def decode(self, seq: Sequence) -> str:
         tokens = seq.output_token_ids
-        stopped_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        stopped_by_token = (seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str) and bool(tokens)
+                            and (tokens[-1] == seq.stop_reason or tokens[-1] in self.eos_token_ids))
         if stopped_by_token and not seq.params.include_stop_str_in_output:
             tokens = tokens[:-1]  # the EOS / stop token is not part of the text
         return self.tokenizer.decode(tokens, skip_special_tokens=seq.params.skip_special_tokens)

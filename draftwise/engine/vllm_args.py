@@ -65,7 +65,8 @@ ACCEPTED: dict[str, tuple[tuple, str]] = {
 
 _NO_TLS = "TLS is not terminated by draftwise: put a TLS proxy in front"
 _NO_CORS = "CORS headers are not served"
-_NO_TOOLS = "tool calling is not supported yet"
+_NO_TOOLS = ("tool_choice='auto' needs a tool-call parser for the model's own format, which draftwise does not "
+             "have (tool_choice='required' and named functions work without these flags)")
 # the server's own vLLM flags (FrontendArgs), as ACCEPTED above
 FRONTEND_ACCEPTED: dict[str, tuple[tuple, str]] = {
     "lora_modules": ((None, []), "LoRA adapters are not supported"),

@@ -1,9 +1,9 @@
 """Logit processing and the target draw, shared by plain sampling and verification.
 
-Order of processing (as vLLM): penalties and min-tokens suppression on the
-raw logits (``process_logits``); greedy rows take the argmax there. Sampled
-rows then go through temperature, min-p, top-k and top-p (``target_probs``)
-and draw with the Gumbel-max trick ``argmax(p / E)``, ``E ~ Exp(1)``
+Order of processing (as vLLM): penalties, min-tokens suppression and the grammar's token
+bitmask (structured outputs: ``apply_token_bitmask``) on the raw logits (``process_logits``);
+greedy rows take the argmax there. Sampled rows then go through temperature, min-p, top-k and
+top-p (``target_probs``) and draw with the Gumbel-max trick ``argmax(p / E)``, ``E ~ Exp(1)``
 (``draw``). The noise is a pure function of ``(seed, position, token id)``
 (``uniform_noise``), so a request with a seed gets the same tokens whatever
 else is in the batch, after preemption, and with speculation on.
@@ -73,13 +73,29 @@ def target_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
+def apply_token_bitmask(logits: torch.Tensor,  # [num_rows, vocab]
+                        rows: torch.Tensor,  # [num_masked] int64 rows the bitmask constrains
+                        bitmask: torch.Tensor  # [num_masked, ceil(vocab / 32)] int32, bit set: allowed
+                        ) -> torch.Tensor:  # [num_rows, vocab], a new tensor
+    """Tokens a row's bitmask does not allow get -inf; rows not in ``rows`` are untouched."""
+    vocab = logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(bitmask.shape[0], -1).bool()  # [num_masked, 32 * W]
+    if allowed.shape[1] < vocab:  # tokens past the mask's width are not allowed
+        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], vocab - allowed.shape[1])], dim=1)
+    masked = logits[rows].masked_fill(~allowed[:, :vocab], float("-inf"))
+    return logits.index_copy(0, rows, masked)
+
+
 def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    """Penalties and min-tokens suppression: what greedy rows take the argmax of."""
+    """Penalties, min-tokens suppression and the grammar's bitmask: what greedy rows take the argmax of."""
     if meta.penalties is not None:
         logits = apply_penalties(logits, meta.penalties)
     if meta.suppress_rows is not None:
         logits = logits.index_put((meta.suppress_rows, meta.suppress_ids),
                                   torch.tensor(float("-inf"), device=logits.device))
+    if meta.grammar_rows is not None:
+        logits = apply_token_bitmask(logits, meta.grammar_rows, meta.grammar_bitmask)
     return logits
 
 

@@ -31,6 +31,10 @@ class SamplingMetadata:
     suppress_rows: torch.Tensor | None = None  # int64 [num_pairs] with suppress_ids: banned (row, id)
     suppress_ids: torch.Tensor | None = None
     max_num_logprobs: int | None = None
+    # Structured outputs: rows constrained by a grammar and their token bitmask (set by the model
+    # runner): grammar_rows [num_masked] int64, grammar_bitmask [num_masked, ceil(vocab / 32)] int32.
+    grammar_rows: torch.Tensor | None = None
+    grammar_bitmask: torch.Tensor | None = None
 
 
 @dataclass

@@ -31,6 +31,10 @@ Rules (Leviathan et al. 2023, as vLLM):
   verify leaves one-hot drafts to the rule above (it cannot do better there);
   entropy verify relaxes them while keeping plain decoding's noise; the
   cumulative rule verifies them as ``q = one-hot``. Greedy rows never change.
+* A draft the grammar forbade was cut before verification (structured outputs); if it carried
+  ``q``, its rejection was certain (the grammar masks ``p(x)`` to 0), so when every kept draft
+  is accepted the token at its position is drawn from ``norm(max(0, p - q))`` with the residual
+  noise, exactly what verifying it would emit (``SpecDecodeMetadata.residual_probs``).
 
 Everything is batched over sequences and positions; there is no loop over
 tokens or vocabulary, and no host sync (the caller syncs once).
@@ -95,8 +99,10 @@ def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logit
         num_accepted = _num_leading(accept)
     else:
         num_accepted = _verify_sampled(probs, meta, inp, accept, draft_valid, final, config or _STANDARD)
+        if spec.residual_probs is not None:
+            _recover_cut_draft(probs, meta, spec, num_accepted, final)
     token_ids = torch.where(positions[None, :k] < num_accepted[:, None], drafts, PLACEHOLDER_TOKEN_ID)
-    token_ids = torch.cat([token_ids, torch.full_like(token_ids[:, :1], PLACEHOLDER_TOKEN_ID)], dim=1)
+    token_ids = torch.cat([token_ids, token_ids.new_full((num_seqs, 1), PLACEHOLDER_TOKEN_ID)], dim=1)
     token_ids.scatter_(1, num_accepted[:, None], final.gather(1, num_accepted[:, None]))
     row_token_ids = torch.full_like(target_ids, PLACEHOLDER_TOKEN_ID)
     emitted = positions[None, :] <= num_accepted[:, None]
@@ -106,6 +112,23 @@ def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logit
 
 def _num_leading(accept: torch.Tensor) -> torch.Tensor:  # [num_seqs, K] bool -> [num_seqs] int64
     return accept.int().cumprod(dim=1).sum(dim=1).long()
+
+
+def _recover_cut_draft(probs: torch.Tensor,  # [num_rows, vocab] target probs
+                       meta: SamplingMetadata, spec: SpecDecodeMetadata,
+                       num_accepted: torch.Tensor,  # [num_seqs]
+                       final: torch.Tensor) -> None:  # [num_seqs, K + 1], updated in place
+    """The bonus token of sampled sequences with a cut draft (``residual_probs``) whose drafts were
+    all accepted: the residual draw the cut draft's rejection would have made at that row."""
+    rows = spec.bonus_logits_indices  # [num_seqs] the row after the kept drafts: the cut draft's row
+    p = probs[rows]  # [num_seqs, vocab]
+    residual = (p - spec.residual_probs).clamp(min=0)
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p)
+    noise = uniform_noise(meta.seeds[rows], meta.positions[rows], p.shape[-1], RESIDUAL_STREAM)
+    recovered = (residual / -torch.log(noise)).argmax(dim=-1)
+    use = spec.has_residual & ~meta.greedy[rows] & (num_accepted == spec.draft_counts)
+    current = final.gather(1, num_accepted[:, None])[:, 0]
+    final.scatter_(1, num_accepted[:, None], torch.where(use, recovered, current)[:, None])
 
 
 def _verify_sampled(probs: torch.Tensor,  # [num_rows, vocab] target probs

@@ -9,6 +9,11 @@ Example: drafts ``[[7, 8], [], [9]]`` give ``num_draft_tokens = [2, 0, 1]``,
 ``cu_num_draft_tokens = [2, 2, 3]``, ``draft_token_ids = [7, 8, 9]``,
 ``target_logits_indices = [0, 1, 4]``, ``bonus_logits_indices = [2, 3, 5]``.
 
+Structured outputs: a sequence whose next draft the grammar forbade (and cut) while the drafts
+carry probabilities gives that draft's distribution ``q`` as its row of ``residual_probs``;
+its bonus token is then drawn as the cut draft's rejection would have drawn it
+(``rejection_sampler.py``).
+
 The rejection sampler works on the padded ``[num_seqs, max_spec_len]`` view
 (``draft_index``, ``draft_valid``), derived once here with tensor ops: no loop
 over tokens, and draft probabilities are packed with one gather.
@@ -31,6 +36,8 @@ class SpecDecodeMetadata:
     bonus_logits_indices: torch.Tensor  # [num_seqs] logits row of each sequence's bonus token
     draft_probs: torch.Tensor | None = None  # [num_draft_tokens_total, vocab]; None: all drafts one-hot
     has_probs: torch.Tensor | None = None  # [num_seqs] bool: this sequence's drafts carry probs
+    residual_probs: torch.Tensor | None = None  # [num_seqs, vocab] q of the draft the grammar cut, zeros if none
+    has_residual: torch.Tensor | None = None  # [num_seqs] bool: a row of residual_probs applies
     # Derived, padded views (filled in __post_init__):
     max_spec_len: int = field(init=False)
     draft_counts: torch.Tensor = field(init=False)  # [num_seqs] int64: num_draft_tokens as a tensor
@@ -49,7 +56,9 @@ class SpecDecodeMetadata:
     @classmethod
     def from_drafts(cls, drafts: list[list[int]],
                     draft_probs: list[torch.Tensor | None] | None,  # per sequence [>= len(draft), vocab]
-                    device: torch.device) -> "SpecDecodeMetadata":
+                    device: torch.device,
+                    residual_probs: list[torch.Tensor | None] | None = None  # per sequence [vocab] or None
+                    ) -> "SpecDecodeMetadata":
         """Logits laid out as the model runner computes them: ``len(drafts[i]) + 1`` rows per sequence."""
         num = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
         cu_drafts = num.cumsum(0)
@@ -62,8 +71,14 @@ class SpecDecodeMetadata:
         probs = has_probs = None
         if draft_probs is not None and any(p is not None for p in draft_probs):
             probs, has_probs = _pack_probs(drafts, draft_probs, device)
+        residual = has_residual = None
+        if residual_probs is not None and any(q is not None for q in residual_probs):
+            vocab = next(q for q in residual_probs if q is not None).shape[-1]
+            residual = torch.stack([q.to(device=device, dtype=torch.float32) if q is not None
+                                    else torch.zeros(vocab, device=device) for q in residual_probs])
+            has_residual = torch.tensor([q is not None for q in residual_probs], device=device)
         return cls(flat_ids.to(device), [len(d) for d in drafts], cu_drafts.to(device), target.to(device),
-                   bonus.to(device), probs, has_probs)
+                   bonus.to(device), probs, has_probs, residual, has_residual)
 
     def padded_drafts(self) -> torch.Tensor:  # [num_seqs, max_spec_len] int64, PLACEHOLDER where padded
         return torch.where(self.draft_valid, self.draft_token_ids[self.draft_index], PLACEHOLDER_TOKEN_ID)
