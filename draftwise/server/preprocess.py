@@ -73,8 +73,10 @@ class Preprocessor:
                    max_length=self.max_prompt_tokens + 1)["input_ids"]
 
     async def render_chat(self, messages: list[dict], add_generation_prompt: bool, template_kwargs: dict,
-                          chat_template: str | None, add_special_tokens: bool = False, cut: bool = True) -> dict:
-        """The chat prompt as ``LLM.chat`` builds it (by default): ``{"prompt", "prompt_token_ids"}``."""
+                          chat_template: str | None, add_special_tokens: bool = False, cut: bool = True,
+                          tools: list[dict] | None = None) -> dict:
+        """The chat prompt as ``LLM.chat`` builds it (by default): ``{"prompt", "prompt_token_ids"}``;
+        ``tools`` (chat's, as sent) go to the template's ``tools``."""
         template_kwargs = dict(template_kwargs)
         if "chat_template" in template_kwargs:
             chat_template = template_kwargs.pop("chat_template")
@@ -87,6 +89,9 @@ class Preprocessor:
         for i, message in enumerate(messages):
             check_text(json.dumps(message, ensure_ascii=False, default=str), f"messages[{i}]")
         check_text(json.dumps(template_kwargs, ensure_ascii=False, default=str), "chat_template_kwargs")
+        if tools:
+            check_text(json.dumps(tools, ensure_ascii=False, default=str), "tools")
+            template_kwargs["tools"] = tools  # (a reserved name: chat_template_kwargs cannot set it)
         if chat_template is not None:
             if self.sandbox is None:
                 raise APIError(400, "a request-supplied chat template is refused: this server does not trust "

@@ -9,8 +9,11 @@ sampling fields (``top_k``, ``min_p``, ``repetition_penalty``,
 ignored: ``unsupported_field`` names the first field that is unknown or set
 to a value draftwise does not implement (``request_fields``), answered with
 400; harmless fields (``user``, ``metadata``, ...) and neutral values pass.
+OpenAI's ``response_format`` and vLLM's ``structured_outputs`` (both
+endpoints) and chat's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
+are declared here and resolved in ``constraints`` and ``tools``.
 
-Responses follow OpenAI's shapes, plus vLLM's: ``/tokenize`` and
+Responses follow OpenAI's shapes (tool calls: ``tool_protocol``), plus vLLM's: ``/tokenize`` and
 ``/detokenize``, the model card's fields, and ``metrics.speculative_decoding``
 (vLLM's per-request speculative decoding figures) beside draftwise's own
 ``spec_decode``.
@@ -24,12 +27,40 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .request_fields import extra_field_error, is_neutral, refusal
+from .tool_protocol import ChatTool, DeltaToolCall, ToolCall
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's ``{"name", "description", "schema", "strict"}``."""
+    model_config = ConfigDict(extra="allow")  # checked by ``extra_field_error``
+
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (and vLLM's ``structural_tag`` form, whose own fields are its extras)."""
+    model_config = ConfigDict(extra="allow")  # checked by ``unsupported_field`` (a structural tag's are its own)
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def unsupported_field(self) -> tuple[str, str] | None:
+        if self.type != "structural_tag":
+            broken = extra_field_error(self.model_extra, "response_format.")
+            if broken:
+                return broken
+        if self.json_schema is not None:
+            return extra_field_error(self.json_schema.model_extra, "response_format.json_schema.")
+        return None
 
 
 class _SamplingRequest(BaseModel):
@@ -55,6 +86,8 @@ class _SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None  # OpenAI's; vLLM reads it on completions too
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: StructuredOutputsParams' fields (constraints.py)
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, message)`` for the first field that is unknown or asks for what draftwise does not
@@ -63,6 +96,10 @@ class _SamplingRequest(BaseModel):
             return refusal("logit_bias")
         if self.stream_options is not None:
             broken = extra_field_error(self.stream_options.model_extra, "stream_options.")
+            if broken:
+                return broken
+        if self.response_format is not None:
+            broken = self.response_format.unsupported_field()
             if broken:
                 return broken
         return extra_field_error(self.model_extra)
@@ -102,21 +139,15 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str = "text"
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)  # capped by the engine's max_logprobs
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Any = None  # "none", "auto", "required" or a named function: checked in ``tools``
+    parallel_tool_calls: bool | None = None  # false: at most one call (tool_choice "required")
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # vLLM's: special tokens on top of what the chat template adds
     chat_template_kwargs: dict[str, Any] | None = None
@@ -127,13 +158,6 @@ class ChatCompletionRequest(_SamplingRequest):
             return "top_logprobs", "when top_logprobs is set, logprobs must be true"
         return super().cross_field_error()
 
-    def unsupported_field(self) -> tuple[str, str] | None:
-        response_format = self.response_format.model_dump() if self.response_format else None
-        for name, value in (("response_format", response_format), ("tools", self.tools),
-                            ("tool_choice", self.tool_choice)):
-            if not is_neutral(name, value):
-                return refusal(name)
-        return super().unsupported_field()
 
 
 # ---------------------------------------------------------------------- responses
@@ -221,13 +245,14 @@ class ChoiceLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # as vLLM: [] when no tool was called
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None = None
     stop_reason: int | str | None = None
 
 
@@ -245,13 +270,14 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: Literal["stop", "length", "abort", "tool_calls"] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -316,6 +342,7 @@ class TokenizeChatRequest(BaseModel):
     return_token_strs: bool | None = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None  # rendered by the chat template, as the chat endpoint renders them
 
 
 class TokenizeResponse(BaseModel):

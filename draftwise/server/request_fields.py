@@ -8,12 +8,21 @@ models do not declare (pydantic's ``model_extra``) is checked here:
 - a field of OpenAI's or vLLM's API that draftwise does not implement is
   accepted only at its neutral value (the value that asks for nothing: its
   API's default, ``null``, ``false``), else refused naming the field, why,
-  and the values accepted: ``structured_outputs is not supported yet (...)``;
+  and the values accepted: ``use_beam_search is not supported yet (...)``;
 - any other field is refused as unknown: ``unknown field 'foo'``.
 
-Declared fields with an unimplemented value (``logit_bias``, ``suffix``,
-``response_format``, ``tools``, ...) are refused with the same message
-(``refusal``). ``extra_field_error`` returns ``(param, message)`` for a 400.
+Declared fields with an unimplemented value (``logit_bias``, ``suffix``, ...)
+are refused with the same message (``refusal``). ``extra_field_error`` returns
+``(param, message)`` for a 400.
+
+Implemented, so declared by the request models and not listed here:
+``response_format`` and ``structured_outputs`` (both endpoints,
+``constraints.py``), chat's ``tools``, ``tool_choice`` (``"none"``,
+``"required"``, a named function; ``"auto"`` is refused there, naming
+``tool_choice``) and ``parallel_tool_calls`` (``tools.py``). Still refused:
+vLLM's ``guided_*`` fields (vLLM 0.32 removed them), OpenAI's deprecated
+``functions`` / ``function_call``, and ``tools`` / ``tool_choice`` on
+``/v1/completions``.
 """
 from __future__ import annotations
 
@@ -25,8 +34,9 @@ HARMLESS = frozenset({
     "user", "safety_identifier", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "parallel_tool_calls", "mm_payload", "return_mm_kwargs", "include_obfuscation"})
 
-_STRUCTURED = "draftwise has no structured output (guided decoding)"
-_TOOLS = "draftwise has no tool calling"
+_GUIDED = "vLLM removed the guided_* fields: send structured_outputs or response_format"
+_TOOLS = "tool calling is served by /v1/chat/completions"
+_FUNCTIONS = "OpenAI's deprecated functions API: send tools and tool_choice"
 _REASONING = "draftwise has no reasoning parser"
 _MODALITIES = "draftwise serves text only"
 _SAMPLING = "draftwise's sampler does not implement it"
@@ -38,15 +48,13 @@ _OPENAI = "draftwise does not implement this OpenAI feature"
 
 # name: (neutral values, in JSON terms; why a non-neutral value is refused)
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "structured_outputs": ((None,), _STRUCTURED),
-    "response_format": ((None, {"type": "text"}), _STRUCTURED),
-    **{name: ((None,), _STRUCTURED) for name in (
+    **{name: ((None,), _GUIDED) for name in (
         "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
         "guided_whitespace_pattern")},
-    "tools": ((None, []), _TOOLS),
-    "functions": ((None, []), _TOOLS),
+    "tools": ((None, []), _TOOLS),  # chat declares its own (tools.py)
     "tool_choice": ((None, "none", "auto"), _TOOLS),
-    "function_call": ((None, "none", "auto"), _TOOLS),
+    "functions": ((None, []), _FUNCTIONS),
+    "function_call": ((None, "none", "auto"), _FUNCTIONS),
     "reasoning_effort": ((None,), _REASONING),
     "thinking_token_budget": ((None,), _REASONING),
     "include_reasoning": ((None, True), _REASONING),

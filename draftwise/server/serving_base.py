@@ -1,7 +1,9 @@
 """What the completion and chat endpoints share.
 
 ``OpenAIServing`` checks the model name and unsupported fields, builds
-``SamplingParams`` from a request, queues engine requests (all or nothing),
+``SamplingParams`` from a request (with its output constraint:
+``constraints.py``), queues engine requests (all or nothing; an engine
+error about the constraint names the request field it came from),
 and renders usage and per-request speculative figures (draftwise's
 ``spec_decode``, and vLLM's ``metrics`` when the server is asked for them:
 ``spec_metrics.py``). ``TextDelta`` turns
@@ -21,6 +23,7 @@ from pydantic import BaseModel
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .async_engine import AsyncEngine, RequestFailed, RequestHandle
+from .constraints import Constraint
 from .errors import APIError
 from .preprocess import Preprocessor
 from .protocol import PerRequestMetrics, PromptTokensDetails, SpecDecodeInfo, UsageInfo, _SamplingRequest
@@ -70,8 +73,8 @@ class OpenAIServing:
                            f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
                            param="max_tokens")
 
-    def sampling_params(self, request: _SamplingRequest, max_tokens: int | None,
-                        logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, request: _SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                        constraint: Constraint | None = None) -> SamplingParams:
         def given(value, default):
             return default if value is None else value
 
@@ -85,14 +88,16 @@ class OpenAIServing:
                 frequency_penalty=given(request.frequency_penalty, 0.0),
                 repetition_penalty=given(request.repetition_penalty, 1.0), logprobs=logprobs,
                 skip_special_tokens=request.skip_special_tokens,
-                include_stop_str_in_output=request.include_stop_str_in_output)
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                structured_outputs=constraint.params if constraint else None)
         except ValueError as exc:
             raise APIError.from_value_error(exc, aliases=self.param_aliases) from None
 
-    async def add_requests(self, request_id: str, prompts: list, params: SamplingParams,
-                           prompt_param: str) -> list[RequestHandle]:
-        """Queue one engine request per prompt; if one is rejected, abort the others (400). A request of
-        one sequence gets a ``SpecTrace`` when vLLM's per-request spec metrics are asked for."""
+    async def add_requests(self, request_id: str, prompts: list, params: SamplingParams, prompt_param: str,
+                           constraint: Constraint | None = None) -> list[RequestHandle]:
+        """Queue one engine request per prompt; if one is rejected, abort the others (400, naming the
+        request field of the constraint when the engine refused that). A request of one sequence gets a
+        ``SpecTrace`` when vLLM's per-request spec metrics are asked for."""
         handles: list[RequestHandle] = []
         speculative = self.engine.engine.config.speculative
         traced = self.spec_metrics != "none" and speculative is not None and len(prompts) == 1 and params.n == 1
@@ -105,6 +110,8 @@ class OpenAIServing:
             for handle in handles:
                 handle.abort()
             if isinstance(exc, ValueError):
+                if constraint is not None and constraint.error_param(str(exc)):
+                    raise APIError(400, str(exc), param=constraint.error_param(str(exc))) from None
                 raise APIError.from_value_error(exc, prompt_param, self.param_aliases) from None
             raise
         return handles
@@ -227,11 +234,13 @@ def sse(payload: BaseModel | dict) -> str:
         data["metrics"] = _without_nulls(data["metrics"])
     for choice in data.get("choices", ()):
         if "delta" in choice:
-            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            choice["delta"] = _without_nulls(choice["delta"])
     return f"data: {json.dumps(data)}\n\n"
 
 
 def _without_nulls(value):
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
     return value

@@ -4,8 +4,14 @@ The prompt is rendered and tokenized as ``LLM.chat`` does (template with
 ``add_generation_prompt``, no extra special tokens), so greedy output over
 HTTP equals the offline API's. Message content may be a string or a list of
 text parts. ``logprobs`` / ``top_logprobs`` follow OpenAI's chat format.
-A stream starts with a role chunk per choice, sends content deltas, ends each
-choice with its ``finish_reason`` and, with ``stream_options.include_usage``,
+Tools (``tools.py``): with ``tool_choice`` ``"required"`` or a named function
+the output is constrained to the call's JSON and returned as
+``message.tool_calls`` (``content`` ""; ``tool_calls.py``); ``"none"`` gives
+text; every choice renders the tools into the chat template.
+``response_format`` / ``structured_outputs`` constrain the text
+(``constraints.py``). A stream starts with a role chunk per choice, sends
+content deltas (or ``tool_calls`` deltas), ends each choice with its
+``finish_reason`` and, with ``stream_options.include_usage``,
 a last chunk with ``usage`` (and the request's ``spec_decode`` figures, and
 vLLM's ``metrics`` when asked for). ``add_special_tokens`` (vLLM's) adds the
 tokenizer's special tokens on top of what the template renders.
@@ -17,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from ..outputs import CompletionOutput
+from .constraints import resolve as resolve_constraint
 from .errors import APIError
 from .protocol import (
     AssistantMessage,
@@ -32,6 +39,8 @@ from .protocol import (
     TopLogprob,
 )
 from .serving_base import OpenAIServing, TextDelta, sse, stream_error
+from .tool_calls import CallStream, finish_reason, whole_calls
+from .tools import ToolPlan, plan_tools, template_takes_tools
 
 
 class ChatServing(OpenAIServing):
@@ -39,40 +48,41 @@ class ChatServing(OpenAIServing):
 
     async def create(self, request: ChatCompletionRequest, is_disconnected):
         self.check_request(request)
-        prompt = await self._render(request)
+        tools = plan_tools(request, template_takes_tools(self.tokenizer))
+        constraint = resolve_constraint(request, tools.source() if tools else None)
+        prompt = await self._render(request, tools)
         max_tokens = request.max_completion_tokens or request.max_tokens
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         self.check_length(prompt["prompt_token_ids"], max_tokens, "messages")
-        params = self.sampling_params(request, max_tokens, logprobs)
+        params = self.sampling_params(request, max_tokens, logprobs, constraint)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        handles = await self.add_requests(request_id, [prompt], params, "messages")
+        handles = await self.add_requests(request_id, [prompt], params, "messages", constraint)
+        forced = tools if tools is not None and tools.forced else None
         if request.stream:
-            return self._stream(request, request_id, handles, params)
+            return self._stream(request, request_id, handles, params, forced)
         outputs = await self.final_outputs(handles, is_disconnected)
         if outputs is None:
             return None
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
-                              logprobs=_chat_logprobs(c, slice(0, None), logprobs) if request.logprobs else None,
-                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                   for c in outputs[0].outputs]
+        choices = [_choice(c, logprobs, forced) for c in outputs[0].outputs]
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self.usage(outputs), spec_decode=self.spec_info(outputs),
                                       metrics=self.request_metrics(handles, outputs))
 
-    async def _render(self, request: ChatCompletionRequest) -> dict:
+    async def _render(self, request: ChatCompletionRequest, tools: ToolPlan | None) -> dict:
         return await self.preprocess.render_chat(template_messages(request.messages), request.add_generation_prompt,
                                                  request.chat_template_kwargs or {}, request.chat_template,
-                                                 add_special_tokens=request.add_special_tokens)
+                                                 add_special_tokens=request.add_special_tokens,
+                                                 tools=tools.template_tools if tools else None)
 
-    async def _stream(self, request: ChatCompletionRequest, request_id: str, handles,
-                      params) -> AsyncIterator[str]:
+    async def _stream(self, request: ChatCompletionRequest, request_id: str, handles, params,
+                      tools: ToolPlan | None) -> AsyncIterator[str]:
         created = int(time.time())
 
         def chunk(choices, **extra) -> str:
             return sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
                                            choices=choices, **extra))
 
-        deltas = [TextDelta(params) for _ in range(request.n)]
+        streams = [_ChoiceStream(params, tools, request.logprobs) for _ in range(request.n)]
         final = None
         try:
             yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
@@ -80,12 +90,13 @@ class ChatServing(OpenAIServing):
             async for out in handles[0].outputs():
                 final = out if out.finished else None
                 for completion in out.outputs:
-                    text, tokens = deltas[completion.index].next(completion)
-                    if not text and completion.finish_reason is None:
+                    delta, tokens = streams[completion.index].next(completion)
+                    if delta is None:
                         continue
                     logprobs = _chat_logprobs(completion, tokens, params.logprobs) if request.logprobs else None
-                    yield chunk([ChatChunkChoice(index=completion.index, delta=DeltaMessage(content=text),
-                                                 logprobs=logprobs, finish_reason=completion.finish_reason)])
+                    reason = streams[completion.index].finish_reason(completion)
+                    yield chunk([ChatChunkChoice(index=completion.index, delta=delta, logprobs=logprobs,
+                                                 finish_reason=reason)])
         except Exception as exc:  # the response has started: report in-band, then end the stream
             yield stream_error(request_id, exc)
         else:
@@ -95,6 +106,44 @@ class ChatServing(OpenAIServing):
         finally:
             handles[0].abort()
         yield "data: [DONE]\n\n"
+
+
+class _ChoiceStream:
+    """One choice of a stream: its text deltas, or its tool-call deltas when a call is forced (then the
+    tokens of a call's JSON that send nothing yet still send their logprobs, in an empty delta)."""
+
+    def __init__(self, params, tools: ToolPlan | None, logprobs: bool):
+        self.text = TextDelta(params)
+        self.calls = CallStream(tools) if tools is not None else None
+        self.logprobs = logprobs
+
+    def next(self, completion: CompletionOutput) -> tuple[DeltaMessage | None, slice]:
+        """The delta to send (None: nothing new before the end) and the slice of new tokens."""
+        text, tokens = self.text.next(completion)
+        last = completion.finish_reason is not None
+        if self.calls is None:
+            return (DeltaMessage(content=text) if text or last else None), tokens
+        calls = self.calls.feed(text)
+        more = last or (self.logprobs and tokens.stop > tokens.start)
+        return (DeltaMessage(tool_calls=calls) if calls else DeltaMessage() if more else None), tokens
+
+    def finish_reason(self, completion: CompletionOutput) -> str | None:
+        if self.calls is None:
+            return completion.finish_reason
+        return finish_reason(self.calls.plan, completion.finish_reason, self.calls.called)
+
+
+def _choice(completion: CompletionOutput, logprobs: int | None, tools: ToolPlan | None) -> ChatChoice:
+    """A finished choice: its text, or (a forced call) the calls it wrote, with content "" as vLLM has it."""
+    if tools is None:
+        message, reason = AssistantMessage(content=completion.text), completion.finish_reason
+    else:
+        calls = whole_calls(tools, completion.text)
+        message = AssistantMessage(content="", tool_calls=calls)
+        reason = finish_reason(tools, completion.finish_reason, bool(calls))
+    return ChatChoice(index=completion.index, message=message, finish_reason=reason,
+                      logprobs=_chat_logprobs(completion, slice(0, None), logprobs) if logprobs is not None else None,
+                      stop_reason=completion.stop_reason)
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

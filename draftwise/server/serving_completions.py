@@ -8,6 +8,8 @@ vLLM's field, tokenizes it without the tokenizer's special tokens). ``echo``
 prepends the prompt text; ``logprobs=k`` returns the sampled token's logprob
 and the top k. vLLM's per-request ``metrics`` come with a one-prompt, ``n=1``
 request when the server is asked for them (a stream: on its usage chunk).
+``response_format`` and ``structured_outputs`` constrain every choice's text
+(``constraints.py``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from ..outputs import CompletionOutput, RequestOutput
+from .constraints import resolve as resolve_constraint
 from .errors import APIError
 from .protocol import CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse
 from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse, stream_error
@@ -24,6 +27,7 @@ from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse, stream_e
 class CompletionServing(OpenAIServing):
     async def create(self, request: CompletionRequest, is_disconnected):
         self.check_request(request)
+        constraint = resolve_constraint(request)
         raw_prompts = _prompts(request.prompt)
         max_n = self.engine.engine.config.max_n
         if len(raw_prompts) * request.n > max_n:
@@ -32,9 +36,9 @@ class CompletionServing(OpenAIServing):
         prompts = [await self._tokenize(p, request.add_special_tokens) for p in raw_prompts]
         for prompt in prompts:
             self.check_length(prompt["prompt_token_ids"], request.max_tokens, "prompt")
-        params = self.sampling_params(request, request.max_tokens, request.logprobs)
+        params = self.sampling_params(request, request.max_tokens, request.logprobs, constraint)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        handles = await self.add_requests(request_id, prompts, params, "prompt")
+        handles = await self.add_requests(request_id, prompts, params, "prompt", constraint)
         if request.stream:
             return self._stream(request, request_id, handles, params)
         outputs = await self.final_outputs(handles, is_disconnected)

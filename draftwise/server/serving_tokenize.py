@@ -3,7 +3,7 @@
 ``/tokenize`` takes vLLM's completion form ``{"model", "prompt",
 "add_special_tokens"}`` or, when the body has ``messages``, its chat form
 ``{"model", "messages", "add_generation_prompt", "add_special_tokens",
-"chat_template", "chat_template_kwargs"}``; either may ask for
+"chat_template", "chat_template_kwargs", "tools"}``; either may ask for
 ``return_token_strs``. It answers ``{"count", "max_model_len", "tokens",
 "token_strs"}`` with the ids the completion and chat endpoints would build
 from the same fields (every token: a prompt longer than ``max_model_len`` is
@@ -31,6 +31,7 @@ from .protocol import (
 from .request_fields import extra_field_error
 from .serving_base import OpenAIServing
 from .serving_chat import template_messages
+from .tools import template_tools
 
 
 class TokenizeServing(OpenAIServing):
@@ -42,7 +43,8 @@ class TokenizeServing(OpenAIServing):
             rendered = await self.preprocess.render_chat(
                 template_messages(request.messages), request.add_generation_prompt,
                 request.chat_template_kwargs or {}, request.chat_template,
-                add_special_tokens=request.add_special_tokens, cut=False)
+                add_special_tokens=request.add_special_tokens, cut=False,
+                tools=template_tools(request.tools) if request.tools else None)
             ids = rendered["prompt_token_ids"]
         else:
             ids = await self.preprocess.tokenize(request.prompt, "prompt",
