@@ -56,7 +56,7 @@ class PassResult:
     seconds: float
     samples: list[RequestSample]  # in prompt order
     spec: SpecDecodingStats | None
-    grammar: tuple[int, int] | None = None  # tokens the grammar drafted, and accepted (structured outputs)
+    grammar: tuple[int, int, float] | None = None  # structured outputs: grammar drafts, accepted, host seconds
 
     @property
     def num_tokens(self) -> int:
@@ -85,7 +85,8 @@ def sampling_params(options: BenchOptions, prompts: list[BenchPrompt]) -> list[S
     greedy = options.temperature == 0
     return [SamplingParams(temperature=options.temperature, max_tokens=options.max_tokens,
                            seed=None if greedy else options.seed + i,
-                           structured_outputs=StructuredOutputsParams(json=prompt.schema)
+                           structured_outputs=StructuredOutputsParams(
+                               json=prompt.schema, disable_any_whitespace=options.compact_json)
                            if options.structured_outputs and prompt.schema else None)
             for i, prompt in enumerate(prompts)]
 
@@ -160,12 +161,12 @@ class _Tracker:
         return RequestSample(self.prompt_index, token_ids, ttft, tpot, self.gaps)
 
 
-def grammar_between(before: dict, after: dict) -> tuple[int, int] | None:
-    """(drafted, accepted): what the grammar's draft counters grew by (None without structured outputs)."""
+def grammar_between(before: dict, after: dict) -> tuple[int, int, float] | None:
+    """(drafted, accepted, seconds): what the grammar's counters grew by (None without structured outputs)."""
     if "grammar_num_draft_tokens" not in after:
         return None
     return tuple(after[key] - before.get(key, 0) for key in ("grammar_num_draft_tokens",
-                                                             "grammar_num_accepted_tokens"))
+                                                             "grammar_num_accepted_tokens", "grammar_seconds"))
 
 
 def counters_between(before: dict, after: dict) -> SpecDecodingStats | None:

@@ -65,6 +65,7 @@ class BenchOptions:
     compare: list[str] = field(default_factory=list)
     spec_options: dict[str, dict] = field(default_factory=dict)  # method -> its extra speculative_config keys
     structured_outputs: bool = False  # constrain each prompt that has a JSON schema (the json workload) to it
+    compact_json: bool = False  # with structured_outputs: no free whitespace (disable_any_whitespace)
     grammar_drafts: list[str] = field(default_factory=lambda: ["on"])  # with structured outputs: on, off or both
 
     def __post_init__(self) -> None:
@@ -91,6 +92,8 @@ class BenchOptions:
                 raise ValueError(f"--compare: unknown value {value!r}; choose from {', '.join(COMPARE_CHOICES)}")
         if not self.grammar_drafts or any(value not in ("on", "off") for value in self.grammar_drafts):
             raise ValueError(f"--grammar-drafts takes on, off or on,off; got {','.join(self.grammar_drafts)}")
+        if self.compact_json and not self.structured_outputs:
+            raise ValueError("--compact-json needs --structured-outputs")
         if self.structured_outputs and self.compare:
             raise ValueError("--structured-outputs cannot be compared with transformers (it has no constraints)")
         if "transformers" in self.compare and importlib.util.find_spec("transformers") is None:
@@ -107,7 +110,8 @@ class BenchOptions:
                    additional_config=json_flag("--additional-config", args.additional_config),
                    compilation_config=compilation_flag(args.compilation_config), enforce_eager=args.enforce_eager,
                    spec_options=_spec_options(args.speculative_config or []),
-                   structured_outputs=args.structured_outputs, grammar_drafts=args.grammar_drafts)
+                   structured_outputs=args.structured_outputs, grammar_drafts=args.grammar_drafts,
+                   compact_json=args.compact_json)
 
 
 def configurations(options: BenchOptions) -> list[Configuration]:
@@ -192,6 +196,8 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add("--kv-cache-memory-bytes", type=int, default=None)
     add("--structured-outputs", action="store_true",
         help="constrain each prompt that has a JSON schema (the json workload) to it")
+    add("--compact-json", action="store_true",
+        help="with --structured-outputs: JSON without free whitespace (disable_any_whitespace)")
     add("--grammar-drafts", type=_list_type(str), default=["on"], metavar="on|off|on,off",
         help="with --structured-outputs: whether the grammar drafts the tokens it forces; on,off runs both")
     add("--additional-config", default=None, metavar="JSON",

@@ -100,7 +100,7 @@ def _row(m: Measurement) -> str:
              f"{len(m.passes_tokens_per_s)}{'' if m.stable else '*'}".rjust(6)]
     per_pos = " ".join(f"{p:.2f}" for p in spec.per_position_acceptance) if spec else "-"
     if m.grammar:
-        per_pos += f"  grammar drafted {m.grammar[0]}, accepted {m.grammar[1]}"
+        per_pos += f"  grammar drafted {m.grammar[0]}, accepted {m.grammar[1]}, {100 * m.grammar[2]:.1f}% of time"
     return " ".join(cells) + "  " + per_pos
 
 

@@ -64,7 +64,7 @@ class Measurement:
     itl_s: float | None
     tpot_s: float | None
     outputs: list[list[int]] = field(repr=False)  # first pass, in prompt order
-    grammar: tuple[int, int] | None = None  # (drafted, accepted) by the grammar over all passes
+    grammar: tuple[int, int, float] | None = None  # grammar drafts, accepted, share of the passes' time
     speedup: float | None = None  # over draftwise "none" at the same concurrency
     num_matched: int | None = None  # first-pass outputs equal to "none"'s (None: nothing to compare)
 
@@ -96,6 +96,7 @@ class Measurement:
             "outputs_match_none": self.num_matched, "num_prompts": len(self.outputs),
             "grammar_num_draft_tokens": self.grammar and self.grammar[0],
             "grammar_num_accepted_tokens": self.grammar and self.grammar[1],
+            "grammar_time_share": self.grammar and self.grammar[2],
         }
 
 
@@ -116,7 +117,15 @@ def summarize(passes: list[PassResult], max_rel_error: float, **labels) -> Measu
         itl_s=_median([g for s in samples for g in s.gaps]),
         tpot_s=_median([s.tpot for s in samples if s.tpot is not None]),
         outputs=[s.token_ids for s in passes[0].samples],
-        grammar=None if passes[0].grammar is None else tuple(map(sum, zip(*(p.grammar for p in passes)))))
+        grammar=_grammar(passes))
+
+
+def _grammar(passes: list[PassResult]) -> tuple[int, int, float] | None:
+    """Grammar drafts and accepted ones summed over ``passes``, and the grammar's share of their time."""
+    if passes[0].grammar is None:
+        return None
+    drafted, accepted, seconds = map(sum, zip(*(p.grammar for p in passes)))
+    return drafted, accepted, seconds / sum(p.seconds for p in passes)
 
 
 def compare_outputs(measurements: list[Measurement]) -> None:

@@ -30,6 +30,7 @@ Preemption keeps a sequence's output tokens, so its matcher stays where it is.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -79,10 +80,23 @@ class _Waiting:
 class GrammarDraftStats:
     num_draft_tokens: int = 0  # grammar-forced drafts verified
     num_accepted_tokens: int = 0  # of those, accepted
+    seconds: float = 0.0  # host time of the steps' grammar work: masks, drafts, advancing the matchers
 
     def as_dict(self) -> dict:
         return {"grammar_num_draft_tokens": self.num_draft_tokens,
-                "grammar_num_accepted_tokens": self.num_accepted_tokens}
+                "grammar_num_accepted_tokens": self.num_accepted_tokens, "grammar_seconds": self.seconds}
+
+
+def _timed(method):
+    """A step method of ``StructuredOutputs`` whose time counts in ``stats.seconds``."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.stats.seconds += time.perf_counter() - start
+    return timed
 
 
 @dataclass
@@ -165,6 +179,7 @@ class StructuredOutputs:
         return self.stats.as_dict() if self.used else {}
 
     # ------------------------------------------------------------------ steps
+    @_timed
     def step_masks(self, seqs: list[Sequence], drafts: list[list[int]]) -> GrammarMasks | None:
         """The token bitmask of a step's sampling rows (``len(drafts[i]) + 1`` rows per sequence)."""
         if not self.states:
@@ -192,6 +207,7 @@ class StructuredOutputs:
             return None
         return rec.residual if len(draft) == len(rec.draft_ids) else None
 
+    @_timed
     def on_appended(self, result: StepResult) -> list[Sequence]:
         """Advance the matchers over the step's tokens; return the sequences whose grammar completed."""
         finished = []
@@ -216,6 +232,7 @@ class StructuredOutputs:
                 finished.append(seq)
         return finished
 
+    @_timed
     def draft(self, seqs: list[Sequence]) -> None:
         """Replace each running constrained sequence's drafts with the grammar's (``GrammarState.draft``)."""
         for seq in seqs:
