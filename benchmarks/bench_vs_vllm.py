@@ -10,7 +10,8 @@ directory transformers converts the bundled GGUF into (``anchor_convert.py``, on
 the anchor venv): the same de-quantized weights draftwise loads. Prints tokens/s of both,
 the ratio draftwise / vLLM, how many outputs match, start-up times, the CPU's ISA flags
 and the load average. ``--structured-outputs`` constrains every prompt that has a JSON schema
-(the ``json`` workload) to it in both engines (vLLM's default backend, draftwise's llguidance). Not part of ``make test``; run one benchmark at a time:
+(the ``json`` workload) to it in both engines (vLLM's default backend, draftwise's llguidance).
+Not part of ``make test``; run one benchmark at a time:
 
     make bench-vs-vllm
     flock /tmp/draftwise-bench.lock .venv/bin/python benchmarks/bench_vs_vllm.py \\

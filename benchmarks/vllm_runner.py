@@ -4,7 +4,8 @@
 
 The job names the model directory, dtype, max_tokens, the configurations (a
 label and a ``speculative_config`` or null), the prompts of each workload as
-token ids and, for structured outputs, each prompt's JSON schema (``schemas``). The configuration ``LABEL`` gets one ``vllm.LLM`` in this process
+token ids and, for structured outputs, each prompt's JSON schema (``schemas``). The
+configuration ``LABEL`` gets one ``vllm.LLM`` in this process
 (its start-up is timed), warmed up, and each workload is run the way ``timed_workload`` in
 ``bench_vs_vllm.py`` runs draftwise: every prompt alone, one after the other,
 then all prompts at once. The result holds wall times and output token ids.

@@ -123,8 +123,12 @@ class LLMEngine:
         self._pending_outputs: list[str] = []  # async scheduling: requests the last step advanced
         self._output_thread = ThreadPoolExecutor(1, "draftwise-output") if config.async_scheduling else None
         self.stats = StatsRecorder.for_engine(self, SMOLLM2_NAME)  # vLLM's metrics and log lines (metrics/)
+        self._log_start(model.int4_layers, num_blocks)
+
+    def _log_start(self, int4_layers: bool, num_blocks: int) -> None:
+        config = self.config
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
-                    path.name, self.device, self.dtype, ", 4-bit GGUF layers" if model.int4_layers else "",
+                    config.model_path.name, self.device, self.dtype, ", 4-bit GGUF layers" if int4_layers else "",
                     self.max_model_len, num_blocks, config.block_size)
         logger.info("draftwise: step time by rows at start-up: %s", self.step_cost.describe())
         if config.speculative:
