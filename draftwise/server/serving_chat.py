@@ -7,7 +7,10 @@ text parts. ``logprobs`` / ``top_logprobs`` follow OpenAI's chat format.
 Tools (``tools.py``): with ``tool_choice`` ``"required"`` or a named function
 the output is constrained to the call's JSON and returned as
 ``message.tool_calls`` (``content`` ""; ``tool_calls.py``); ``"none"`` gives
-text; every choice renders the tools into the chat template.
+text; ``"auto"`` (templates that write Hermes ``<tool_call>`` blocks) leaves the
+output free and reads its blocks back as ``tool_calls`` beside the rest as
+``content`` (special tokens kept in the text, as vLLM's ``hermes`` parser asks);
+every choice renders the tools into the chat template.
 ``response_format`` / ``structured_outputs`` constrain the text
 (``constraints.py``). A stream starts with a role chunk per choice, sends
 content deltas (or ``tool_calls`` deltas), ends each choice with its
@@ -39,8 +42,8 @@ from .protocol import (
     TopLogprob,
 )
 from .serving_base import OpenAIServing, TextDelta, sse, stream_error
-from .tool_calls import CallStream, finish_reason, whole_calls
-from .tools import ToolPlan, plan_tools, template_takes_tools
+from .tool_calls import CallStream, ParsedStream, finish_reason, parsed_message, whole_calls
+from .tools import ToolPlan, plan_tools, template_takes_tools, template_tool_parser
 
 
 class ChatServing(OpenAIServing):
@@ -48,7 +51,9 @@ class ChatServing(OpenAIServing):
 
     async def create(self, request: ChatCompletionRequest, is_disconnected):
         self.check_request(request)
-        tools = plan_tools(request, template_takes_tools(self.tokenizer))
+        tools = plan_tools(request, template_takes_tools(self.tokenizer), template_tool_parser(self.tokenizer))
+        if tools is not None and tools.parser is not None:
+            request = request.model_copy(update={"skip_special_tokens": False})  # the call tags may be special
         constraint = resolve_constraint(request, tools.source() if tools else None)
         prompt = await self._render(request, tools)
         max_tokens = request.max_completion_tokens or request.max_tokens
@@ -57,13 +62,13 @@ class ChatServing(OpenAIServing):
         params = self.sampling_params(request, max_tokens, logprobs, constraint)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         handles = await self.add_requests(request_id, [prompt], params, "messages", constraint)
-        forced = tools if tools is not None and tools.forced else None
+        calls = tools if tools is not None and (tools.forced or tools.parser is not None) else None
         if request.stream:
-            return self._stream(request, request_id, handles, params, forced)
+            return self._stream(request, request_id, handles, params, calls)
         outputs = await self.final_outputs(handles, is_disconnected)
         if outputs is None:
             return None
-        choices = [_choice(c, logprobs, forced) for c in outputs[0].outputs]
+        choices = [_choice(c, logprobs, calls) for c in outputs[0].outputs]
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                       usage=self.usage(outputs), spec_decode=self.spec_info(outputs),
                                       metrics=self.request_metrics(handles, outputs))
@@ -109,12 +114,13 @@ class ChatServing(OpenAIServing):
 
 
 class _ChoiceStream:
-    """One choice of a stream: its text deltas, or its tool-call deltas when a call is forced (then the
-    tokens of a call's JSON that send nothing yet still send their logprobs, in an empty delta)."""
+    """One choice of a stream: its text deltas, or its tool-call deltas when a call is forced, or both
+    with ``"auto"`` (then the tokens whose text is not decided yet still send their logprobs, in an
+    empty delta)."""
 
     def __init__(self, params, tools: ToolPlan | None, logprobs: bool):
         self.text = TextDelta(params)
-        self.calls = CallStream(tools) if tools is not None else None
+        self.calls = None if tools is None else ParsedStream(tools) if tools.parser else CallStream(tools)
         self.logprobs = logprobs
 
     def next(self, completion: CompletionOutput) -> tuple[DeltaMessage | None, slice]:
@@ -123,9 +129,14 @@ class _ChoiceStream:
         last = completion.finish_reason is not None
         if self.calls is None:
             return (DeltaMessage(content=text) if text or last else None), tokens
-        calls = self.calls.feed(text)
+        if isinstance(self.calls, ParsedStream):
+            text, calls = self.calls.feed(text, last)
+        else:
+            text, calls = "", self.calls.feed(text)
         more = last or (self.logprobs and tokens.stop > tokens.start)
-        return (DeltaMessage(tool_calls=calls) if calls else DeltaMessage() if more else None), tokens
+        if not (text or calls or more):
+            return None, tokens
+        return DeltaMessage(content=text or None, tool_calls=calls or None), tokens
 
     def finish_reason(self, completion: CompletionOutput) -> str | None:
         if self.calls is None:
@@ -134,9 +145,14 @@ class _ChoiceStream:
 
 
 def _choice(completion: CompletionOutput, logprobs: int | None, tools: ToolPlan | None) -> ChatChoice:
-    """A finished choice: its text, or (a forced call) the calls it wrote, with content "" as vLLM has it."""
+    """A finished choice: its text, or (a forced call) the calls it wrote, with content "" as vLLM has it, or
+    (``"auto"``) the calls read from its text and the rest of the text (None when only calls)."""
     if tools is None:
         message, reason = AssistantMessage(content=completion.text), completion.finish_reason
+    elif tools.parser is not None:
+        content, calls = parsed_message(tools, completion.text)
+        message = AssistantMessage(content=content, tool_calls=calls)
+        reason = finish_reason(tools, completion.finish_reason, bool(calls))
     else:
         calls = whole_calls(tools, completion.text)
         message = AssistantMessage(content="", tool_calls=calls)

@@ -11,6 +11,12 @@ the whole, so what was sent stays a prefix of what is sent later; text that is n
 yields no call. ``finish_reason`` is ``"tool_calls"`` when ``"required"`` calls ended on a stop, as
 vLLM and OpenAI set it (a named function's call keeps ``"stop"``). Call ids are vLLM's form,
 ``chatcmpl-tool-<hex>``.
+
+``tool_choice="auto"`` (``ToolPlan.parser``, Hermes ``<tool_call>`` blocks; ``hermes_tool_parser.py``):
+the output is text and calls. A finished output gives ``content`` (None when only calls) and the calls;
+a stream sends the text as content as it is decided and each call whole, once its block closes (one
+delta with ``id``, ``type``, ``name`` and all its ``arguments``). ``finish_reason`` is ``"tool_calls"``
+whenever a call was read, as vLLM sets it for ``"auto"``.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from . import hermes_tool_parser as hermes
 from .tool_protocol import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 from .tools import ToolPlan
 
@@ -38,10 +45,43 @@ def whole_calls(plan: ToolPlan, text: str) -> list[ToolCall]:
 
 
 def finish_reason(plan: ToolPlan | None, reason: str | None, called: bool) -> str | None:
-    """The choice's ``finish_reason``: ``"tool_calls"`` for ``"required"`` calls that ended on a stop."""
-    if plan is not None and plan.required and reason == "stop" and called:
+    """The choice's ``finish_reason``: ``"tool_calls"`` for ``"required"`` calls that ended on a stop, and
+    for ``"auto"`` calls however the output ended."""
+    if plan is not None and called and (plan.parser is not None or plan.required and reason == "stop"):
         return "tool_calls"
     return reason
+
+
+def parsed_message(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
+    """``"auto"``: the content and the calls of a finished output."""
+    parsed = hermes.parse(text, plan.names)
+    return parsed.content, [ToolCall(id=new_call_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
+                            for call in parsed.calls]
+
+
+class ParsedStream:
+    """``"auto"``: one choice's content and tool-call deltas, fed the output text as it is released."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self.reader = hermes.HermesStream(plan.names)
+        self.count = 0  # calls sent
+
+    @property
+    def called(self) -> bool:
+        return self.count > 0
+
+    def feed(self, delta: str, last: bool) -> tuple[str, list[DeltaToolCall]]:
+        """The content and the calls decided by ``delta`` (and, when ``last``, by the output's end)."""
+        pieces = self.reader.feed(delta) + (self.reader.finish() if last else [])
+        content, calls = "", []
+        for piece in pieces:
+            if isinstance(piece, str):
+                content += piece
+            else:
+                calls.append(_announce(self.count, piece.name, piece.arguments))
+                self.count += 1
+        return content, calls
 
 
 class CallStream:

@@ -9,8 +9,11 @@ constraint that makes the model write the call (``constraints.Source``).
 - a named function ``{"type": "function", "function": {"name": N}}``: the output is constrained to
   N's ``parameters`` schema (any JSON object when the tool has none).
 - ``"auto"`` (OpenAI's default when tools are given) lets the model choose between text and a call
-  written in its own format, which needs a parser for that format. draftwise has none, so ``"auto"``
-  is a 400 naming ``tool_choice``; the message says whether the model's chat template takes tools.
+  written in its own format, read back by a parser for that format. draftwise reads the Hermes format
+  (``<tool_call>`` blocks: Qwen2.5, Qwen3, Hermes 2/3; ``hermes_tool_parser.py``), so ``"auto"`` is
+  accepted when the chat template takes tools and writes ``<tool_call>`` (``ToolPlan.parser`` is then
+  ``"hermes"``; the output is unconstrained). Otherwise it is a 400 naming ``tool_choice`` whose
+  message says why: the template does not take tools, or writes calls in a format with no parser.
 
 The checks follow vLLM's: ``tools: []`` is refused, a ``tool_choice`` other than ``"none"`` without
 tools is refused, a named function must be one of the tools. Whatever the choice, the tools go to
@@ -24,6 +27,7 @@ from typing import Any
 
 from .constraints import Source
 from .errors import APIError
+from .hermes_tool_parser import template_writes_hermes
 from .protocol import ChatCompletionRequest
 from .tool_protocol import ChatTool
 
@@ -38,11 +42,17 @@ class ToolPlan:
     function: str | None = None  # the function tool_choice names
     schema: dict | None = None  # what a forced call's output must match
     schema_param: str = "tools"  # the request field an error in that schema names
+    parser: str | None = None  # tool_choice "auto": the format the model's calls are read in ("hermes")
 
     @property
     def forced(self) -> bool:
         """The output is a tool call (``"required"`` or a named function), not text."""
         return self.required or self.function is not None
+
+    @property
+    def names(self) -> frozenset[str]:
+        """The names of the functions the model may call."""
+        return frozenset(tool["function"]["name"] for tool in self.template_tools)
 
     def source(self) -> Source | None:
         if not self.forced:
@@ -50,8 +60,10 @@ class ToolPlan:
         return Source("tool_choice", {"json": self.schema}, {"json": self.schema_param}, self.schema_param)
 
 
-def plan_tools(request: ChatCompletionRequest, template_takes_tools: bool) -> ToolPlan | None:
-    """What the request's tools ask for (None: no tools); ``APIError`` (400) naming the field otherwise."""
+def plan_tools(request: ChatCompletionRequest, template_takes_tools: bool,
+               tool_parser: str | None = None) -> ToolPlan | None:
+    """What the request's tools ask for (None: no tools); ``APIError`` (400) naming the field otherwise.
+    ``tool_parser`` is the format the chat template's calls are read in (``template_tool_parser``)."""
     tools, choice = request.tools, request.tool_choice
     if tools is not None and not tools:
         raise APIError(400, "tools must not be an empty array: give at least one tool or leave tools out",
@@ -64,7 +76,9 @@ def plan_tools(request: ChatCompletionRequest, template_takes_tools: bool) -> To
         raise APIError(400, f"tool_choice={_show(choice)} needs tools: give the tools the model may call",
                        param="tool_choice")
     if choice == "auto":
-        raise APIError(400, _auto_refusal(template_takes_tools), param="tool_choice")
+        if tool_parser is None:
+            raise APIError(400, _auto_refusal(template_takes_tools), param="tool_choice")
+        return ToolPlan(template_tools(tools), parser=tool_parser)
     if choice == "required":
         return ToolPlan(template_tools(tools), required=True, schema=_calls_schema(tools, request.parallel_tool_calls))
     name = _named_function(choice)
@@ -82,6 +96,14 @@ def template_takes_tools(tokenizer) -> bool:
     template = getattr(tokenizer, "chat_template", None) or ""
     texts = template.values() if isinstance(template, dict) else [template]
     return any("tools" in text for text in texts)
+
+
+def template_tool_parser(tokenizer) -> str | None:
+    """The format the model's chat template has it write tool calls in, when draftwise reads it:
+    ``"hermes"`` (the template takes tools and writes ``<tool_call>`` blocks); None otherwise."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    texts = template.values() if isinstance(template, dict) else [template]
+    return "hermes" if any(template_writes_hermes(text) for text in texts) else None
 
 
 def template_tools(tools: list[ChatTool]) -> list[dict]:
@@ -134,9 +156,9 @@ def _calls_schema(tools: list[ChatTool], parallel_tool_calls: bool | None) -> di
 
 
 def _auto_refusal(template_takes_tools: bool) -> str:
-    why = ("this model's chat template takes tools, but draftwise has no parser for the calls it writes in its "
-           "own format" if template_takes_tools else "this model's chat template does not take tools, and "
-           "draftwise has no tool-call parser")
+    why = ("this model's chat template takes tools, but does not write calls in the Hermes <tool_call> format, "
+           "the only one draftwise has a parser for" if template_takes_tools else "this model's chat template "
+           "does not take tools")
     return (f"tool_choice='auto' (the default when tools are given) lets the model choose between text and a "
             f"call in its own format: {why}. Send tool_choice='required' or a named function {_NAMED_FORM} "
             "(the call is then constrained to the tools' JSON schemas), or 'none'")
