@@ -75,18 +75,23 @@ class OpenAIServing:
 
     def sampling_params(self, request: _SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         constraint: Constraint | None = None) -> SamplingParams:
-        def given(value, default):
-            return default if value is None else value
+        """The request's sampling params; a field it leaves out takes the model's default
+        (``generation_config``: ``LLMEngine.sampling_defaults``), as vLLM's server does, else the API's."""
+        model_defaults = self.engine.engine.sampling_defaults
+
+        def given(value, default, name: str):
+            return model_defaults.get(name, default) if value is None else value
 
         try:
             return SamplingParams(
-                n=request.n, temperature=given(request.temperature, 1.0), top_p=given(request.top_p, 1.0),
-                top_k=given(request.top_k, 0), min_p=given(request.min_p, 0.0), seed=request.seed,
+                n=request.n, temperature=given(request.temperature, 1.0, "temperature"),
+                top_p=given(request.top_p, 1.0, "top_p"), top_k=given(request.top_k, 0, "top_k"),
+                min_p=given(request.min_p, 0.0, "min_p"), seed=request.seed,
                 max_tokens=max_tokens, min_tokens=request.min_tokens, stop=request.stop or None,
                 stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
-                presence_penalty=given(request.presence_penalty, 0.0),
-                frequency_penalty=given(request.frequency_penalty, 0.0),
-                repetition_penalty=given(request.repetition_penalty, 1.0), logprobs=logprobs,
+                presence_penalty=given(request.presence_penalty, 0.0, "presence_penalty"),
+                frequency_penalty=given(request.frequency_penalty, 0.0, "frequency_penalty"),
+                repetition_penalty=given(request.repetition_penalty, 1.0, "repetition_penalty"), logprobs=logprobs,
                 skip_special_tokens=request.skip_special_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output,
                 structured_outputs=constraint.params if constraint else None)
