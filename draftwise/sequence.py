@@ -67,6 +67,14 @@ class Sequence:
         self.spec_probs = None
         self.drafter_num_computed_tokens = 0
 
+    def num_draft_slots(self, max_model_len: int) -> int:
+        """Drafts that fit before ``max_model_len`` and ``max_tokens``, leaving room for the token the
+        verifying step samples after them (>= 0)."""
+        limit = max_model_len - self.num_tokens - 1
+        if self.params.max_tokens is not None:
+            limit = min(limit, self.params.max_tokens - self.num_output_tokens - 1)
+        return max(0, limit)
+
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 
 from ..drafters import resolve_drafter
+from ..spec_decode.config import as_config_dict
 from ..spec_decode.drafter_checkpoint import infer_method
-from ..validate import PREFIX, parse_json
 
 logger = logging.getLogger("draftwise")
 
@@ -43,7 +43,8 @@ def fold_speculative_shorthands(kwargs: dict) -> dict:
             logger.warning("draftwise: %s: vLLM V0 arguments with no effect since vLLM V1; drop them",
                            ", ".join(sorted(legacy)))
         return out
-    spec = _as_dict(out.get("speculative_config"))
+    raw = out.get("speculative_config")
+    spec = {} if raw is None else as_config_dict(raw)
     for key, value in current.items():
         _set(spec, key, value, f"spec_{'tokens' if key == 'num_speculative_tokens' else key}")
     if any(legacy.get(name) is not None for name in LEGACY):
@@ -69,16 +70,6 @@ def _fold_legacy(spec: dict, legacy: dict) -> None:
         _set(spec, "method", infer_method(resolve_drafter(model)) or "draft_model", "speculative_model")
     logger.warning("draftwise: %s are vLLM's older speculative arguments; the same engine is "
                    "speculative_config=%r", ", ".join(sorted(legacy)), spec)
-
-
-def _as_dict(raw) -> dict:
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        raw = parse_json(PREFIX, raw)
-    if not isinstance(raw, dict):
-        raise ValueError(f"speculative_config must be a dict (or its JSON text), got {type(raw).__name__}")
-    return dict(raw)
 
 
 def _set(spec: dict, key: str, value, name: str) -> None:

@@ -3,7 +3,8 @@
 ``Speculator`` wraps the configured proposer. After each target step:
 
 1. (the engine has already rolled the cache back: ``BlockManager.rollback``
-   kept the accepted drafts' K/V, in the target's and the drafter's tensors)
+   kept the accepted drafts' K/V, in the target's and the drafter's tensors;
+   and cleared each verified sequence's drafts)
 2. ``on_verified``: counters, the interval log line and the draft length
    policy's acceptance estimates are updated.
 3. (the engine appends the emitted tokens and releases finished sequences)
@@ -70,7 +71,6 @@ class Speculator:
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
         for seq, num_accepted, num_drafts in zip(result.seqs, result.num_accepted, result.num_draft_tokens):
-            seq.spec_token_ids, seq.spec_probs = [], None
             if num_drafts == 0:
                 continue
             seq.num_drafts += 1
@@ -109,10 +109,7 @@ class Speculator:
         drafter_limit = self.drafter_max_model_len
         if drafter_limit is not None and seq.num_tokens + self.num_spec_tokens > drafter_limit:
             return 0  # past the drafter's context limit: no drafts (as vLLM skips such sequences)
-        limit = min(self.num_spec_tokens, self.max_model_len - seq.num_tokens - 1)
-        if seq.params.max_tokens is not None:
-            limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
-        return max(0, limit)
+        return min(self.num_spec_tokens, seq.num_draft_slots(self.max_model_len))
 
     def _fit_kv(self, seq: Sequence, limit: int) -> int:
         """``limit`` cut to the KV slots ``seq`` can get (proposers with a KV cache of their own)."""

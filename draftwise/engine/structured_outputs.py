@@ -220,7 +220,6 @@ class StructuredOutputs:
                 self.stats.num_draft_tokens += sum(verified)
                 self.stats.num_accepted_tokens += sum(verified[:num_accepted])
             rec.drafted = None
-            seq.spec_token_ids, seq.spec_probs = [], None  # verified (a plain engine has no Speculator to do it)
             if seq.finish_reason is not None:
                 continue
             refused = not rec.state.advance(seq.output_token_ids)
@@ -241,9 +240,7 @@ class StructuredOutputs:
                 continue
             proposed = seq.spec_token_ids
             cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
-            limit = min(cap, self.max_model_len - seq.num_tokens - 1)
-            if seq.params.max_tokens is not None:
-                limit = min(limit, seq.params.max_tokens - seq.num_output_tokens - 1)
+            limit = min(cap, seq.num_draft_slots(self.max_model_len))
             out = rec.state.draft(proposed, limit, self.grammar_drafts) if limit > 0 else GrammarDraft()
             self._set_drafts(seq, rec, out, proposed)
 

@@ -62,8 +62,7 @@ def per_request_metrics(trace: SpecTrace | None, final: RequestOutput | None) ->
     m = final.metrics
     steps, drafted, accepted = m.spec_num_drafts, m.spec_num_draft_tokens, m.spec_num_accepted_tokens
     spec = SpeculativeDecodingMetrics(
-        mean_acceptance_length=1.0 + accepted / steps if steps else 1.0,
-        draft_acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=m.spec_mean_acceptance_length, draft_acceptance_rate=m.spec_acceptance_rate,
         acceptance_histogram=list(trace.histogram), num_spec_steps=steps, num_accepted_draft_tokens=accepted,
         num_draft_tokens=drafted, num_spec_tokens=trace.num_spec_tokens,
         per_step_accepted=trace.per_step_accepted or None, per_step_drafted=trace.per_step_drafted or None)

@@ -48,7 +48,7 @@ class SpeculativeConfig:
     @classmethod
     def from_value(cls, raw, target_tensor_parallel_size: int = 1,
                    target_model: str | None = None) -> "SpeculativeConfig":
-        raw = _as_dict(raw)
+        raw = as_config_dict(raw)
         method = _method(raw)
         proposer = proposer_class(method)
         if proposer.drafter_in_target and _model(raw) is None and target_model:
@@ -83,7 +83,8 @@ class SpeculativeConfig:
         return out
 
 
-def _as_dict(raw) -> dict:
+def as_config_dict(raw) -> dict:
+    """A copy of ``raw``, a speculative config as a dict or its JSON text; ``ValueError`` otherwise."""
     if isinstance(raw, str):
         raw = parse_json(PREFIX, raw)
     if not isinstance(raw, dict):
