@@ -94,7 +94,3 @@ class GrammarCompiler:
         if matcher.is_error():
             raise ValueError(f"the grammar does not compile: {matcher.get_error()}")
         return matcher
-
-    def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown(wait=False, cancel_futures=True)

@@ -26,7 +26,8 @@ those ids are what grammar drafts are made of), and fills the masks of draft row
 ``grammar_text`` raises ``ValueError`` naming the field (``StructuredOutputsParams.json`` ...)
 when the constraint cannot be turned into a grammar, and ``validate(field, text)`` when the
 schema, regex or grammar does not compile; it checks without a tokenizer
-(``LLMatcher.validate_grammar``: ~0.3 ms for a small schema). ``check`` does both.
+(``LLMatcher.validate_grammar``: ~0.3 ms for a small schema); the engine skips it for a grammar
+already compiled.
 The grammar text is the constraint's canonical form: the same schema, given as a dict or as
 text in any formatting, gives the same text (the compile cache's key).
 """
@@ -47,13 +48,6 @@ _SUBSCHEMAS = ("items", "prefixItems", "additionalItems", "contains", "additiona
                "allOf", "anyOf", "oneOf")
 
 
-def check(params: StructuredOutputsParams) -> str:
-    """The grammar text of ``params``; ``ValueError`` naming the field when it does not compile."""
-    text = grammar_text(params)
-    validate(params.kind, text)
-    return text
-
-
 def validate(field: str, text: str) -> None:
     """``ValueError`` naming ``StructuredOutputsParams.<field>`` unless ``text`` compiles."""
     error = llguidance.LLMatcher.validate_grammar(text)
@@ -62,7 +56,7 @@ def validate(field: str, text: str) -> None:
 
 
 def grammar_text(params: StructuredOutputsParams) -> str:
-    """The llguidance grammar for ``params`` (not validated: see ``check``)."""
+    """The llguidance grammar for ``params`` (not validated: see ``validate``)."""
     field = params.kind
     try:
         if field in ("json", "json_object"):
