@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .compilation.config import CompilationConfig
+from .distributed.executor import resolve_backend
 from .kv_transfer import KVTransferConfig
 from .sample.verify_config import RejectionSamplerConfig
 from .spec_decode.config import SpeculativeConfig
@@ -59,6 +60,7 @@ class EngineConfig:
     decode_stall_factor: float | None = None
     compilation_config: dict | str | int | CompilationConfig | None = None
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # "mp" (default for N > 1), "ray", "uni" (one rank)
     speculative_config: dict | str | None = None
     additional_config: dict | None = None
     kv_transfer_config: dict | KVTransferConfig | None = None
@@ -101,9 +103,7 @@ class EngineConfig:
         for name in ("max_n", "max_stop_strings", "max_stop_string_length"):
             _int_at_least(name, getattr(self, name), 1)
         _int_at_least("max_logprobs", self.max_logprobs, 0)
-        if self.tensor_parallel_size > 1:
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: "
-                             "draftwise runs on a single device (use 1)")
+        resolve_backend(self.distributed_executor_backend, self.tensor_parallel_size)
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be True, False or None, got {self.enable_prefix_caching!r}")
         if self.decode_stall_factor is not None and not _is_number(self.decode_stall_factor, 1.0):

@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -45,6 +46,9 @@ from transformers import AutoTokenizer
 
 from ..compilation.compiled_forward import CompiledForward, log_compile
 from ..config import EngineConfig
+from ..distributed.setup import start_tensor_parallel
+from ..distributed.sharded_model import SharedTarget, ShardedPagedModel
+from ..errors import EngineDeadError
 from ..metrics.reader import Metric
 from ..metrics.recorder import StatsRecorder
 from ..models.generation_config import sampling_defaults
@@ -87,8 +91,11 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
         extra = config.additional_config or {}
+        self.executor = start_tensor_parallel(config, self.hf_config, self.max_model_len)  # None: one rank
+        if self.executor is not None:
+            weakref.finalize(self, self.executor.shutdown)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
-                            gguf_int4=extra.get("gguf_int4", False))
+                            gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group)
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None
@@ -102,8 +109,7 @@ class LLMEngine:
                                            self.prefix_caching, self.needs.kv_cache,
                                            int(self.needs.kv_reads_next_token), config.gpu_memory_utilization)
         num_blocks = self.block_manager.num_blocks
-        paged = PagedModel(model, pool.tensor("target"), config.block_size, self.device,
-                           self.block_manager.block_table)
+        paged = self._paged_target(model, pool.tensor("target"))
         self.structured = StructuredOutputs(self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids,
                                             self.max_model_len, self.speculator and self.speculator.num_spec_tokens,
                                             grammar_drafts=extra.get("grammar_drafts", True))
@@ -125,6 +131,20 @@ class LLMEngine:
         self.stats = StatsRecorder.for_engine(self, SMOLLM2_NAME)  # vLLM's metrics and log lines (metrics/)
         self._log_start(model.int4_layers, num_blocks)
 
+    def _paged_target(self, model, kv_cache) -> PagedModel:
+        """The target bound to its KV cache; under tensor parallelism, the workers allocate theirs now
+        (same number of blocks) and each call of the driver's runs on every rank (``distributed/``)."""
+        if self.executor is None:
+            return PagedModel(model, kv_cache, self.config.block_size, self.device, self.block_manager.block_table)
+        self.executor.send(("kv", self.block_manager.num_blocks))
+        return ShardedPagedModel(model, kv_cache, self.config.block_size, self.device,
+                                 self.block_manager.block_table, self.executor)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is garbage collected)."""
+        if self.executor is not None:
+            self.executor.shutdown()
+
     def _log_start(self, int4_layers: bool, num_blocks: int) -> None:
         config = self.config
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
@@ -144,6 +164,10 @@ class LLMEngine:
         now, on a throwaway sequence, so no step waits for a compile. Returns the seconds spent."""
         compilation = self.config.compilation
         if compilation.resolved_mode(self.config.enforce_eager) == 0:
+            return 0.0
+        if self.executor is not None:
+            logger.warning("draftwise: compilation_config is ignored with tensor_parallel_size > 1: every rank "
+                           "runs its shard eagerly")
             return 0.0
         if compilation.cache_dir:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = compilation.cache_dir
@@ -205,6 +229,8 @@ class LLMEngine:
         return reason is None and asked is not False
 
     def _make_speculator(self, model) -> Speculator:
+        if self.executor is not None:  # the embedding and lm_head a drafter shares run on every rank
+            model = SharedTarget(model, self.executor)
         target = TargetInfo(model=model, hf_config=self.hf_config, tokenizer=self.tokenizer, device=self.device,
                             dtype=self.dtype, vocab_size=self.hf_config.vocab_size,
                             max_model_len=self.max_model_len, block_size=self.config.block_size,
@@ -298,6 +324,8 @@ class LLMEngine:
         requests' ids. ``settle`` is called before any sequence changes (the output thread's turn)."""
         try:
             return plan, self._execute(plan), []
+        except EngineDeadError:  # no request causes it: nothing to isolate
+            raise
         except Exception as exc:
             logger.exception("draftwise: a step of %d requests failed; finding the request(s) that cause it",
                              len({item.seq.request_id for item in plan.scheduled}))

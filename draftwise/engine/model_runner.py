@@ -3,9 +3,10 @@
 ``execute`` is one engine step of the target: flatten the scheduled tokens
 (each sequence's new tokens, then its drafts) into one ragged batch for the
 ``PagedModel``, compute logits only for the rows that sample (the last row
-of a sequence, plus one row per draft), hand them to ``sample/`` once (with
-``SpecDecodeMetadata`` when drafts are verified), and read the fixed-shape
-result back to the host once.
+of a sequence, plus one row per draft; the rows are known before the forward,
+so a tensor-parallel step is one message to the workers), hand them to
+``sample/`` once (with ``SpecDecodeMetadata`` when drafts are verified), and
+read the fixed-shape result back to the host once.
 
 Structured outputs: ``grammar`` (``structured_outputs.py``) gives the token bitmask of the
 constrained sequences' rows; the sampler applies it to their logits before sampling and
@@ -20,6 +21,7 @@ sequence compute nothing more.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -68,20 +70,21 @@ class ModelRunner:
         batch = [ForwardInput(s.seq.all_token_ids[s.seq.num_computed_tokens:][:s.num_new_tokens]
                               + s.spec_token_ids, s.seq.num_computed_tokens, s.seq.block_ids, s.seq.block_table_row)
                  for s in scheduled]
+        sampling = [(i, s) for i, s in enumerate(scheduled) if s.samples]
+        ends = list(accumulate(len(item.token_ids) for item in batch))  # cu_num_tokens[1:]
+        rows = [r for i, s in sampling for r in range(ends[i] - len(s.spec_token_ids) - 1, ends[i])]
         aux_ids = needs.aux_layer_ids if needs else ()
-        hidden, aux, cu = self.paged.forward(batch, aux_ids)
+        hidden, aux, cu, logits = self.paged.forward_with_logits(  # logits: [num_rows, V]
+            batch, aux_ids, torch.tensor(rows, device=self.device) if rows else None)
         target_hidden = None
         if needs and (needs.hidden_states or aux_ids):
             target_hidden = TargetHidden(hidden, aux, cu, [s.seq for s in scheduled],
                                          [s.seq.num_computed_tokens for s in scheduled])
         prompt_scores = self._score_prompts(scheduled, hidden, cu)
-        sampling = [(i, s) for i, s in enumerate(scheduled) if s.samples]
         if not sampling:
             return StepResult([], [], [], target_hidden=target_hidden, prompt_logprobs=prompt_scores)
         seqs = [s.seq for _, s in sampling]
         drafts = [s.spec_token_ids for _, s in sampling]
-        rows = [r for i, s in sampling for r in range(cu[i + 1] - len(s.spec_token_ids) - 1, cu[i + 1])]
-        logits = self.paged.compute_logits(hidden[torch.tensor(rows, device=self.device)])  # [num_rows, V]
         meta = build_sampling_metadata(seqs, drafts, self.vocab_size, self.eos_token_ids, self.device)
         masks = self.grammar.step_masks(seqs, drafts) if self.grammar is not None else None
         residual = None

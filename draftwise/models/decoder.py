@@ -13,6 +13,14 @@ layer ids asked in ``aux_layer_ids`` (in that order),
 the residual stream entering those layers, id ``num_layers`` being the last
 layer's output before the final norm (what EAGLE-3 and DFlash drafters read).
 
+Tensor parallelism: built with a ``ShardLayout`` and a group (``tp``, a
+``distributed.group.TPGroup``), the model is one rank's shard: its layers hold their
+share of the heads and of the MLP, o_proj and down_proj sum their partial outputs over
+the ranks (one all-reduce each), the embedding is vocab-parallel (each rank looks up its
+rows, one all-reduce), and ``compute_logits`` gathers the vocab shards to rank 0 (other
+ranks get ``None``). Every rank runs the same forward at once; the residual stream and
+the hidden states it returns are whole on every rank.
+
 Precision: weights and matmuls run in the model dtype (bf16 or fp32); the
 residual stream and every norm stay in fp32, so bf16 runs drift less from
 the fp32 reference than a pure-bf16 stream would.
@@ -31,6 +39,7 @@ from ..layers.attention import AttentionMetadata, paged_attention, split_by_kern
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
+from .shard_layout import ShardLayout
 
 
 @dataclass(frozen=True)
@@ -48,12 +57,15 @@ class DecoderLayer(nn.Module):
     attention input (EAGLE-3 attends over [embedding ; hidden], 2 * hidden), and ``attend`` /
     ``feed_forward`` let them build the attention input themselves."""
 
-    def __init__(self, config, spec: ArchSpec, layer_type: str, qkv_in_features: int | None = None):
+    def __init__(self, config, spec: ArchSpec, layer_type: str, qkv_in_features: int | None = None,
+                 layout: ShardLayout | None = None, tp=None):
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        layout = layout or ShardLayout.whole(config)
+        self.tp = tp if layout.world_size > 1 else None  # sums o_proj's and down_proj's partial outputs
+        self.num_heads = layout.num_heads  # this rank's heads
+        self.num_kv_heads = layout.num_kv_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
         self.sliding = layer_type == "sliding_attention"
         # Gemma scales queries by query_pre_attn_scalar instead of head_dim.
         self.scale = (getattr(config, "query_pre_attn_scalar", None) or self.head_dim) ** -0.5
@@ -61,7 +73,7 @@ class DecoderLayer(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(qkv_in_features or hidden, q_size + 2 * kv_size, bias=bias or spec.qkv_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=bias)
-        inter, mlp_bias = config.intermediate_size, bool(getattr(config, "mlp_bias", False))
+        inter, mlp_bias = layout.num_intermediate, bool(getattr(config, "mlp_bias", False))
         self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
         self.down_proj = nn.Linear(inter, hidden, bias=mlp_bias)
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", spec.default_act)
@@ -103,21 +115,26 @@ class DecoderLayer(nn.Module):
             attn = context_attention(q, k, v, self.layer_index, self.scale, self.sliding)
         else:  # a drafter's own layer, with its own cache
             attn = paged_attention(q, k, v, kv_cache, meta, self.scale, self.sliding)
-        h = self.o_proj(attn)
+        h = self._reduce(self.o_proj(attn))
         return self.post_attn_norm(h) if self.post_attn_norm is not None else h
+
+    def _reduce(self, h: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden] partial sums under TP
+        return self.tp.all_reduce(h) if self.tp is not None else h
 
     def feed_forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden] fp32 residual
         gate, up = self.gate_up_proj(self.pre_mlp_norm(x).to(self.compute_dtype)).chunk(2, dim=-1)
-        h = self.down_proj(self.act(gate) * up)
+        h = self._reduce(self.down_proj(self.act(gate) * up))
         if self.post_mlp_norm is not None:
             h = self.post_mlp_norm(h)
         return x + h
 
 
 class DecoderLM(nn.Module):
-    def __init__(self, config, spec: ArchSpec, max_positions: int):
+    def __init__(self, config, spec: ArchSpec, max_positions: int, layout: ShardLayout | None = None, tp=None):
         super().__init__()
         self.config, self.spec = config, spec
+        self.layout = layout or ShardLayout.whole(config)
+        self.tp = tp if self.layout.world_size > 1 else None
         num_layers = config.num_hidden_layers
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
         if config.model_type == "mistral" and getattr(config, "sliding_window", None):
@@ -125,14 +142,17 @@ class DecoderLM(nn.Module):
         self.sliding_window = getattr(config, "sliding_window", None)
         if getattr(config, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = (VocabParallelEmbedding(self.layout, config.hidden_size, self.tp) if self.tp
+                             else nn.Embedding(config.vocab_size, config.hidden_size))
         self.embed_scale = math.sqrt(config.hidden_size) if spec.embed_scale else None
-        self.layers = nn.ModuleList(DecoderLayer(config, spec, t) for t in self.layer_types)
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, t, layout=self.layout, tp=self.tp)
+                                    for t in self.layer_types)
         for i, layer in enumerate(self.layers):
             layer.layer_index = i
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, spec.norm_offset)
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = None if self.tied else nn.Linear(config.hidden_size, self.embed_tokens.num_embeddings,
+                                                        bias=False)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         head_dim = self.layers[0].head_dim
         self.rope = {t: rope_tables(config, head_dim, t, max_positions) for t in set(self.layer_types)}
@@ -187,8 +207,14 @@ class DecoderLM(nn.Module):
         aux[len(self.layers)] = x  # id num_layers: the last layer's output, before the final norm
         return self.norm(x), [aux[i] for i in aux_layer_ids]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> [num_rows, vocab]
+    def compute_logits(self, hidden: torch.Tensor  # [num_rows, hidden]
+                       ) -> torch.Tensor | None:  # [num_rows, vocab]; None on a rank other than 0
         logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()
+        if self.tp is not None:  # [num_rows, vocab_rows] of this rank -> every rank's, on rank 0
+            logits = self.tp.gather_to_driver(logits)
+            if logits is None:
+                return None
+            logits = logits[:, :self.config.vocab_size]
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -215,3 +241,19 @@ class _TiedHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.embed[0].weight)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """One rank's rows of the embedding table (``layout.vocab``, zero-padded to ``vocab_rows``): a
+    token outside them looks up zeros, and the all-reduce gives every rank the whole embedding."""
+
+    def __init__(self, layout: ShardLayout, hidden_size: int, tp):
+        super().__init__(layout.vocab_rows, hidden_size)
+        self.start, self.end = layout.vocab
+        self.tp = tp
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [num_tokens] -> [num_tokens, hidden]
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.end - self.start)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(out.masked_fill(outside[:, None], 0))

@@ -16,7 +16,9 @@ from ..layers.kernel_choice import AttentionGroup, LinearGroup, choose_kernels
 from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .gguf_int4 import apply_gguf_int4
-from .loader import cache_root, gguf_source, load_weights
+from .loader import cache_root, gguf_source
+from .shard_layout import ShardLayout
+from .shard_weights import CheckpointReader, read_param
 
 GEMMA = ArchSpec(norm_offset=1.0, sandwich_norms=True, qk_norm=True, embed_scale=True,
                  default_act="gelu_pytorch_tanh")
@@ -45,16 +47,22 @@ def load_config(path: Path):
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
-                max_positions: int, gguf_int4: bool = False) -> DecoderLM:
+                max_positions: int, gguf_int4: bool = False, tp=None) -> DecoderLM:
     """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
-    On CPU its linears then run the kernels measured fastest on this machine (``kernel_choice.py``)."""
+    On CPU its linears then run the kernels measured fastest on this machine (``kernel_choice.py``).
+    With ``tp`` (a ``TPGroup`` of more than one rank) it is that rank's shard, and only the shard's
+    slices of the weights are read (``shard_layout.py``, ``shard_weights.py``)."""
     spec = ARCH_SPECS[config.model_type]
+    layout = ShardLayout.of(config, tp.rank, tp.world_size) if tp is not None else ShardLayout.whole(config)
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
-        model = DecoderLM(config, spec, max_positions)
+        model = DecoderLM(config, spec, max_positions, layout, tp)
     model.to_empty(device="cpu")
-    _load_state(model, load_weights(path, torch.float32))
+    _load_state(model, CheckpointReader(path))
     model = model.to_device(device, dtype).eval()
     source = gguf_source(path)
+    if gguf_int4 and layout.world_size > 1:
+        raise ValueError("additional_config['gguf_int4'] cannot run with tensor_parallel_size > 1: the int4 "
+                         "layers are not sharded")
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
     if can_pack(device, dtype):
@@ -77,36 +85,31 @@ def kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
     return groups
 
 
-def _load_state(model: DecoderLM, weights: dict[str, torch.Tensor]) -> None:
-    weights = {_strip_prefix(k): v for k, v in weights.items()}
+def _load_state(model: DecoderLM, reader: CheckpointReader) -> None:
+    head_dim = model.layers[0].head_dim
     for name, param in model.named_parameters():
-        tensor = _source_tensor(name, weights, model.spec.sandwich_norms)
-        if tensor is None:
-            raise ValueError(f"checkpoint is missing the weight for {name}")
+        parts = _source_names(name, reader, model.spec.sandwich_norms)
+        missing = [part for part in parts if part not in reader]
+        if missing:
+            raise ValueError(f"checkpoint is missing the weight for {name} ({missing[0]})")
+        module, leaf = name.split(".")[-2:]
+        tensor = read_param(reader, module, leaf, parts, model.layout, head_dim)
         if tuple(tensor.shape) != tuple(param.shape):
             raise ValueError(f"weight {name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
-        param.data = tensor.float()
+        param.data = tensor
     for module in model.modules():
         if isinstance(module, RMSNorm) and module.offset:
             module.weight.data += module.offset
 
 
-def _strip_prefix(name: str) -> str:
-    """Multimodal checkpoints (Gemma 3) nest the text model under language_model."""
-    for prefix in ("model.language_model.", "language_model.model."):
-        if name.startswith(prefix):
-            return "model." + name[len(prefix):]
-    return name.removeprefix("language_model.")
-
-
-def _source_tensor(name: str, weights: dict, sandwich: bool) -> torch.Tensor | None:
-    """Find (and fuse) the checkpoint tensor(s) that feed our parameter ``name``."""
+def _source_names(name: str, reader: CheckpointReader, sandwich: bool) -> list[str]:
+    """The checkpoint tensors (fused along dim 0) behind our parameter ``name``."""
     if name in ("embed_tokens.weight", "norm.weight"):
-        return weights.get("model." + name)
-    if name == "lm_head.weight":
-        return weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
+        return ["model." + name]
+    if name == "lm_head.weight":  # tied checkpoints may store the embedding only
+        return ["lm_head.weight" if "lm_head.weight" in reader else "model.embed_tokens.weight"]
     _, idx, module, leaf = name.split(".", 3)  # layers.{i}.{module}.{weight|bias}
-    return layer_tensor(weights, f"model.layers.{idx}.", module, leaf, sandwich)
+    return layer_names(f"model.layers.{idx}.", module, leaf, sandwich)
 
 
 def load_layer(layer: nn.Module, weights: dict[str, torch.Tensor], prefix: str, what: str,
@@ -148,22 +151,22 @@ def layer_hf_tensors(layer: nn.Module, prefix: str, skip: tuple[str, ...] = ()) 
 
 
 def _missing(weights: dict, prefix: str, module: str, leaf: str) -> str:
-    if module in _FUSED:
-        group = "self_attn." if module == "qkv_proj" else "mlp."
-        names = [f"{prefix}{group}{p}.{leaf}" for p in _FUSED[module]]
-        return next(n for n in names if n not in weights)
-    hf = "post_attention_layernorm" if module == "pre_mlp_norm" else _HF_NAMES[module]
-    return f"{prefix}{hf}.{leaf}"
+    return next(name for name in layer_names(prefix, module, leaf, False) if name not in weights)
 
 
-def layer_tensor(weights: dict, prefix: str, module: str, leaf: str, sandwich: bool) -> torch.Tensor | None:
-    """The checkpoint tensor (q/k/v and gate/up fused) behind one of our per-layer parameters."""
+def layer_names(prefix: str, module: str, leaf: str, sandwich: bool) -> list[str]:
+    """The checkpoint names behind one of our per-layer parameters (q/k/v and gate/up: three / two)."""
     if module in _FUSED:
         group = "self_attn." if module == "qkv_proj" else "mlp."
-        parts = [weights.get(f"{prefix}{group}{p}.{leaf}") for p in _FUSED[module]]
-        return None if any(p is None for p in parts) else torch.cat(parts, 0)
+        return [f"{prefix}{group}{p}.{leaf}" for p in _FUSED[module]]
     if module == "pre_mlp_norm":  # Llama calls the pre-MLP norm post_attention_layernorm
         hf = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
     else:
         hf = _HF_NAMES[module]
-    return weights.get(f"{prefix}{hf}.{leaf}")
+    return [f"{prefix}{hf}.{leaf}"]
+
+
+def layer_tensor(weights: dict, prefix: str, module: str, leaf: str, sandwich: bool) -> torch.Tensor | None:
+    """The checkpoint tensor (q/k/v and gate/up fused) behind one of our per-layer parameters."""
+    parts = [weights.get(name) for name in layer_names(prefix, module, leaf, sandwich)]
+    return None if any(p is None for p in parts) else torch.cat(parts, 0)

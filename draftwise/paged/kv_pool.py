@@ -69,10 +69,14 @@ class KVPool:
         num_blocks = budget // (per_token * self.block_size)
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching, drafter_kv,
                                           key_lookahead)
+        self.allocate_blocks(num_blocks)
+        return self.block_manager
+
+    def allocate_blocks(self, num_blocks: int) -> None:
+        """Every member's tensor for ``num_blocks`` blocks (a tensor-parallel worker: the driver's count)."""
         for name, spec in self.specs.items():
             shape = (spec.num_layers, 2, num_blocks * self.block_size, spec.num_kv_heads, spec.head_dim)
             self.tensors[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        return self.block_manager
 
     def tensor(self, name: str) -> torch.Tensor:  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
         return self.tensors[name]

@@ -48,5 +48,13 @@ class PagedModel:
             hidden, aux = self.run(ids, pos, aux_layer_ids)
         return hidden, aux, cu
 
+    def forward_with_logits(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...],
+                            logit_rows: torch.Tensor | None  # [num_rows] rows of the hidden states to score
+                            ) -> tuple[torch.Tensor, list[torch.Tensor], list[int], torch.Tensor | None]:
+        """``forward``, then the logits ``[num_rows, vocab]`` of ``logit_rows`` (None: none)."""
+        hidden, aux, cu = self.forward(batch, aux_layer_ids)
+        logits = None if logit_rows is None else self.compute_logits(hidden[logit_rows])
+        return hidden, aux, cu, logits
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, H] -> [num_rows, vocab]
         return self.model.compute_logits(hidden)
