@@ -6,6 +6,8 @@ driver's group, builds its shard of the target (``build_model(tp=group)``),
 then loops over the driver's messages (``TPGroup.broadcast_object``), each a
 tuple that the driver's rank runs too, at the same time:
 
+* ``("build", model, path)``: also build a shard of the model at ``path`` (a draft
+  model with ``draft_tensor_parallel_size`` equal to the target's);
 * ``("kv", num_blocks)``: allocate this rank's KV cache (its own KV heads) with
   the driver's number of blocks, so block ids mean the same slots everywhere;
 * ``("forward", model, batch, aux_layer_ids, logit_rows)``: one paged forward of
@@ -74,6 +76,11 @@ class Worker:
             if message[0] == "stop":
                 return
             getattr(self, "_" + message[0])(*message[1:])
+
+    def _build(self, name: str, path: str) -> None:
+        spec = self.spec
+        self.models[name] = build_model(path, load_config(path), spec.torch_dtype, self.device, spec.max_model_len,
+                                        tp=self.group)
 
     def _kv(self, num_blocks: int) -> None:
         pool = KVPool(self.spec.block_size, self.spec.torch_dtype, self.device)

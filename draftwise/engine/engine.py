@@ -235,7 +235,8 @@ class LLMEngine:
                             dtype=self.dtype, vocab_size=self.hf_config.vocab_size,
                             max_model_len=self.max_model_len, block_size=self.config.block_size,
                             tensor_parallel_size=self.config.tensor_parallel_size,
-                            model_path=self.config.model_path, kv_transfer=self.config.kv_transfer)
+                            model_path=self.config.model_path, kv_transfer=self.config.kv_transfer,
+                            executor=self.executor)
         return Speculator(self.config.speculative, target)
 
     # ------------------------------------------------------------------ requests

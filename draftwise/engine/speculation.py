@@ -20,6 +20,8 @@
 """
 from __future__ import annotations
 
+import logging
+
 from ..paged import BlockManager, KVPool
 from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
@@ -30,6 +32,7 @@ from .draft_length import DraftLengthPolicy
 from .model_runner import StepResult
 from .step_cost import StepCostModel
 
+logger = logging.getLogger("draftwise")
 DRAFTER_KV = "drafter"  # the proposer's member of the KV pool
 
 
@@ -40,6 +43,9 @@ class Speculator:
                              f"target's max_model_len ({target.max_model_len})")
         self.config = config
         self.proposer = config.proposer_cls(config, target)
+        if config.draft_tensor_parallel_size > 1 and not self.proposer.shards_drafter:
+            logger.info("draftwise: draft_tensor_parallel_size=%d: the %s drafter runs whole on the driver's rank "
+                        "(its target states are whole there)", config.draft_tensor_parallel_size, config.method)
         self.num_spec_tokens = config.num_speculative_tokens
         self.max_model_len = target.max_model_len
         self.drafter_max_model_len = config.max_model_len  # None: the target's clipping only

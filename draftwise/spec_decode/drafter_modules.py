@@ -42,12 +42,14 @@ def linear(ckpt: DrafterCheckpoint, name: str, out_features: int, in_features: i
     return module
 
 
-def own_embedding(ckpt: DrafterCheckpoint, name: str, target_embed: nn.Embedding) -> nn.Embedding | None:
-    """The drafter's own embedding table if the checkpoint has one (else it shares the target's)."""
+def own_embedding(ckpt: DrafterCheckpoint, name: str, target) -> nn.Embedding | None:
+    """The drafter's own embedding table if the checkpoint has one (else it shares the target's);
+    ``target``: the ``TargetInfo`` (the table is [vocab_size, hidden_size] of the whole vocabulary)."""
     if name not in ckpt.tensors:
         return None
-    own = nn.Embedding(*target_embed.weight.shape)
-    own.weight.data = ckpt.get(name, tuple(target_embed.weight.shape)).float()
+    shape = (target.vocab_size, target.hf_config.hidden_size)
+    own = nn.Embedding(*shape)
+    own.weight.data = ckpt.get(name, shape).float()
     return own
 
 

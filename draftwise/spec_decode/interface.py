@@ -66,6 +66,7 @@ class TargetInfo:
     tensor_parallel_size: int = 1
     model_path: Any = None  # the target's local directory (MTP layers live in its checkpoint)
     kv_transfer: Any = None  # KVTransferConfig: where extract_hidden_states writes
+    executor: Any = None  # the tensor-parallel executor (distributed/executor.py) when tensor_parallel_size > 1
 
 
 @dataclass
@@ -112,6 +113,7 @@ class Proposer(ABC):
     method: ClassVar[str]
     needs: ClassVar[ProposerNeeds] = ProposerNeeds()
     drafter_in_target: ClassVar[bool] = False  # True: ``model`` defaults to the target's directory (MTP, Medusa)
+    shards_drafter: ClassVar[bool] = False  # True: draft_tensor_parallel_size > 1 shards it over the ranks
 
     @dataclass
     class Options:

@@ -16,13 +16,19 @@ forward per draft position. After verification the engine clips
 drafter's argmax, verified as one-hot) or ``probabilistic`` (sampled
 requests draw drafts from the drafter's own temperature/top-k/top-p
 distribution and keep it as ``q`` for standard speculative sampling).
+
+``draft_tensor_parallel_size`` 1 (default): the draft model runs whole on the
+driver's rank; equal to the target's ``tensor_parallel_size``: every rank holds a
+shard of it, as of the target, and each draft forward runs on all of them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
+from ...distributed.sharded_model import ShardedPagedModel
 from ...models.loader import resolve_model
 from ...models.registry import build_model, load_config
 from ...paged import ForwardInput, KVCacheSpec, PagedModel
@@ -39,6 +45,7 @@ DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the tar
 class DraftModelProposer(Proposer):
     method = "draft_model"
     needs = ProposerNeeds(kv_cache=True)
+    shards_drafter = True
 
     @dataclass
     class Options:
@@ -64,7 +71,12 @@ class DraftModelProposer(Proposer):
         if limit < target.max_model_len:
             raise ValueError(f"{PREFIX}['model']={config.model!r}: the draft model handles {limit} positions, "
                              f"fewer than max_model_len={target.max_model_len}; lower max_model_len")
-        self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len)
+        # draft_tensor_parallel_size equal to the target's (> 1): every rank holds a shard of the draft model too
+        self.executor = target.executor if config.draft_tensor_parallel_size > 1 else None
+        if self.executor is not None:
+            self.executor.send(("build", "draft", str(path)))
+        self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len,
+                                 tp=self.executor and self.executor.group)
         self.paged: PagedModel | None = None
         self.timer = ForwardTimer()  # one draft-model forward (a draft for each drafting sequence)
 
@@ -75,7 +87,11 @@ class DraftModelProposer(Proposer):
         return PagedModel.kv_cache_spec(self.model)
 
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
-        self.paged = PagedModel(self.model, kv_cache, self.target.block_size, self.target.device)
+        if self.executor is None:
+            self.paged = PagedModel(self.model, kv_cache, self.target.block_size, self.target.device)
+        else:
+            self.paged = ShardedPagedModel(self.model, kv_cache, self.target.block_size, self.target.device, None,
+                                           self.executor, name="draft")
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -87,8 +103,8 @@ class DraftModelProposer(Proposer):
         step = 0
         while rows:
             with self.timer.timing():
-                hidden, _, cu = self.paged.forward(inputs)
-                logits = self.model.compute_logits(hidden[torch.tensor(cu[1:]) - 1])  # [num_rows, vocab]
+                last = torch.tensor(list(accumulate(len(item.token_ids) for item in inputs))) - 1
+                _, _, _, logits = self.paged.forward_with_logits(inputs, (), last)  # [num_rows, vocab]
                 tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
             next_rows, inputs = [], []
             for row, (i, token) in enumerate(zip(rows, tokens.tolist())):

@@ -34,7 +34,7 @@ class Eagle1Model(ChainModel):
         layer = decoder_layer(ckpt, config, "layers.0.", skip=("input_norm",))
         layer.input_norm = nn.Identity()  # EAGLE's layer 0 reads fc's output directly
         self.layers = nn.ModuleList([layer])
-        self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target.model.embed_tokens)
+        self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target)
         self._target = [target.model]  # shared embedding / lm_head, outside this module tree
         self.rope = RopeCache(config, layer.head_dim, target.max_model_len, target.device, target.dtype)
         place(self, target.device, target.dtype)

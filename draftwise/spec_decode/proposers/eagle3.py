@@ -56,7 +56,7 @@ class Eagle3Model(ChainModel):
         self.lm_head = linear(ckpt, "lm_head.weight", draft_vocab, hidden)
         self.d2t = self._draft_to_target(ckpt, draft_vocab, target.vocab_size)
         self.norm_before_residual = bool(ckpt.config.get("norm_before_residual", False))
-        self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target.model.embed_tokens)
+        self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target)
         self._target = [target.model]
         self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
         place(self, target.device, target.dtype)

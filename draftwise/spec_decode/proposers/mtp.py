@@ -50,8 +50,7 @@ class MtpModel(ChainModel):
         self.mtp = nn.ModuleList(MtpLayer(ckpt, config, f"model.layers.{first + i}.", qk_norm, target)
                                  for i in range(num_layers))
         self.layers = nn.ModuleList(m.layer for m in self.mtp)  # one KV cache each
-        self.embed_tokens = own_embedding(ckpt, f"model.layers.{first}.embed_tokens.weight",
-                                          target.model.embed_tokens)
+        self.embed_tokens = own_embedding(ckpt, f"model.layers.{first}.embed_tokens.weight", target)
         self._target = [target.model]
         self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
         self._carry: dict[int, torch.Tensor] = {}  # seq_id -> [n - 1, H]: layer j's output at the last position
