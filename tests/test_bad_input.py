@@ -88,11 +88,6 @@ def test_invalid_llm_args(tiny_model_dir, kwargs, name):
     assert name in str(exc.value)
 
 
-def test_tensor_parallel_not_supported(tiny_model_dir):
-    with pytest.raises(ValueError, match="not supported"):
-        LLM(model=str(tiny_model_dir), tensor_parallel_size=2)
-
-
 def test_llm_still_works_after_bad_constructions(tiny_llm, reference):
     _still_works(tiny_llm, reference)
 

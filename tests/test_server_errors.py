@@ -107,7 +107,7 @@ def test_unknown_route_is_openai_404(api_server):
     (["serve", "--speculative-config", "{not json"], "--speculative-config is not valid JSON"),
     (["serve", "-sc", '{"method": "ngram", "num_speculative_tokens": 0}'], "num_speculative_tokens"),
     (["serve", "--additional-config", '{"nope": 1}'], "additional_config key 'nope'"),
-    (["serve", "--tensor-parallel-size", "2"], "tensor_parallel_size"),
+    (["serve", "--tensor-parallel-size", "4"], "tensor_parallel_size=4 cannot split this model"),
 ])
 def test_serve_bad_flags_exit_before_binding(argv, needle, capsys):
     port = free_port()

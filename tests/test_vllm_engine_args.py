@@ -145,9 +145,14 @@ def test_kv_transfer_config_as_vllm_object_or_dict(tmp_path):
     (["--data-parallel-size", "1", "--enable-expert-parallel", "--seed", "1024", "--served-model-name", "dsv3",
       "--max-model-len", "36768", "--max-num-batched-tokens", "5000", "--max-num-seqs", "10", "--quantization",
       "ascend", "--trust-remote-code", "--gpu-memory-utilization", "0.9"], ["quantization='ascend'", "GGUF"]),
+    # ... and its 16 ranks on SmolLM2 (9 heads in 3 KV groups)
+    (["--model", "HuggingFaceTB/SmolLM2-135M-Instruct", "--data-parallel-size", "1", "--tensor-parallel-size", "16",
+      "--enable-expert-parallel", "--seed", "1024", "--served-model-name", "dsv3", "--max-model-len", "36768",
+      "--max-num-batched-tokens", "5000", "--max-num-seqs", "10", "--trust-remote-code",
+      "--gpu-memory-utilization", "0.9"], ["tensor_parallel_size=16", "9 attention heads in 3 KV groups"]),
 ])
 def test_serve_refuses_vllm_flags_that_cannot_work_here_saying_why(tiny_model_dir, capsys, argv, words):
-    code = main(["serve", str(tiny_model_dir), *argv])
+    code = main(["serve", *([] if "--model" in argv else [str(tiny_model_dir)]), *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and err.startswith("draftwise: error:"), err
     assert all(word in err for word in words), err

@@ -1,8 +1,8 @@
 """What an engine with ``tensor_parallel_size`` > 1 sets up before it loads its shard.
 
-``start_tensor_parallel(config, hf_config)`` checks that the model splits over the
-ranks (``ShardLayout``'s rule, a ``ValueError`` naming ``tensor_parallel_size``)
-and that the backend can place them, gives each rank its share of the CPU
+``start_tensor_parallel(config, max_model_len)`` checks that the backend can place the
+ranks (the engine has checked that the model splits over them: ``ShardLayout``'s
+rule, a ``ValueError`` naming ``tensor_parallel_size``), gives each rank its share of the CPU
 threads (this process included, unless ``OMP_NUM_THREADS`` says otherwise), and
 starts the executor; the driver's group is ``executor.group``.
 """
@@ -13,20 +13,18 @@ import os
 
 import torch
 
-from ..models.shard_layout import check_divisible
 from .executor import Executor, resolve_backend, start_executor
 from .worker import WorkerSpec
 
 logger = logging.getLogger("draftwise")
 
 
-def start_tensor_parallel(config, hf_config, max_model_len: int) -> Executor | None:
+def start_tensor_parallel(config, max_model_len: int) -> Executor | None:
     """The executor of a tensor-parallel engine (None for one rank)."""
     world_size = config.tensor_parallel_size
     backend = resolve_backend(config.distributed_executor_backend, world_size)
     if world_size == 1:
         return None
-    check_divisible(hf_config, world_size)
     device = config.torch_device
     if device.type == "cuda" and backend == "mp" and world_size > torch.cuda.device_count():
         raise ValueError(f"tensor_parallel_size={world_size} needs {world_size} GPUs on this machine; it has "

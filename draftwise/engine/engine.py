@@ -54,6 +54,7 @@ from ..metrics.recorder import StatsRecorder
 from ..models.generation_config import sampling_defaults
 from ..models.loader import SMOLLM2_NAME, resolve_model
 from ..models.registry import build_model, load_config
+from ..models.shard_layout import check_divisible
 from ..outputs import RequestOutput
 from ..paged import ForwardInput, KVPool, PagedModel
 from ..sampling_params import SamplingParams
@@ -87,11 +88,12 @@ class LLMEngine:
         path = resolve_model(config.model)
         config.model_path = path
         self.hf_config = load_config(path)
+        check_divisible(self.hf_config, config.tensor_parallel_size)  # before anything else is resolved
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
         self.max_model_len = resolve_max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
         extra = config.additional_config or {}
-        self.executor = start_tensor_parallel(config, self.hf_config, self.max_model_len)  # None: one rank
+        self.executor = start_tensor_parallel(config, self.max_model_len)  # None: one rank
         if self.executor is not None:
             weakref.finalize(self, self.executor.shutdown)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,

@@ -41,7 +41,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add("--kv-cache-memory-bytes", type=int, default=None)
     add("--gpu-memory-utilization", type=float, default=None,
         help="on a GPU: the share of its memory for the weights and the KV cache")
-    add("--tensor-parallel-size", "-tp", type=int, default=1)
+    add("--tensor-parallel-size", "-tp", type=int, default=1,
+        help="shard the model over this many ranks (worker processes, or Ray actors)")
+    add("--distributed-executor-backend", default=None, choices=("mp", "ray", "uni"),
+        help="how the tensor-parallel ranks start: mp (processes here, the default), ray (a Ray cluster)")
     add("--seed", type=int, default=0)
     add("--speculative-config", "-sc", default=None, help="JSON speculative config")
     add("--additional-config", default=None, help="JSON additional config")
