@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 import time
 import weakref
@@ -44,7 +43,6 @@ from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
-from ..compilation.compiled_forward import CompiledForward, log_compile
 from ..config import EngineConfig
 from ..distributed.setup import start_tensor_parallel
 from ..distributed.sharded_model import SharedTarget, ShardedPagedModel
@@ -56,10 +54,11 @@ from ..models.loader import SMOLLM2_NAME, resolve_model
 from ..models.registry import build_model, load_config
 from ..models.shard_layout import check_divisible
 from ..outputs import RequestOutput
-from ..paged import ForwardInput, KVPool, PagedModel
+from ..paged import KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
+from .compile_target import compile_target
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor
@@ -117,7 +116,13 @@ class LLMEngine:
                                             grammar_drafts=extra.get("grammar_drafts", True))
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler, self.structured)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
-        self.compile_seconds = self._compile(paged, max_batched)
+        self.compile_seconds = 0.0
+        if self.executor is not None and config.compilation.resolved_mode(config.enforce_eager) != 0:
+            logger.warning("draftwise: compilation_config is ignored with tensor_parallel_size > 1: every rank "
+                           "runs its shard eagerly")
+        elif config.compilation.resolved_mode(config.enforce_eager) != 0:
+            self.compile_seconds = compile_target(paged, self.block_manager, config.compilation, max_batched,
+                                                  self.needs.aux_layer_ids, self.device)
         self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)
@@ -160,31 +165,6 @@ class LLMEngine:
     def from_engine_args(cls, engine_args) -> "LLMEngine":
         """vLLM's constructor: an engine from ``EngineArgs`` (``engine/arg_utils.py``)."""
         return cls(engine_args.create_engine_config())
-
-    def _compile(self, paged: PagedModel, max_num_tokens: int) -> float:
-        """Compile the target's forward unless the compilation mode is 0; each graph is compiled
-        now, on a throwaway sequence, so no step waits for a compile. Returns the seconds spent."""
-        compilation = self.config.compilation
-        if compilation.resolved_mode(self.config.enforce_eager) == 0:
-            return 0.0
-        if self.executor is not None:
-            logger.warning("draftwise: compilation_config is ignored with tensor_parallel_size > 1: every rank "
-                           "runs its shard eagerly")
-            return 0.0
-        if compilation.cache_dir:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = compilation.cache_dir
-        aux_ids = self.speculator.needs.aux_layer_ids if self.speculator else ()
-        compiled = CompiledForward(paged.model, compilation.bucket_sizes(), max_num_tokens, aux_ids, self.device)
-        paged.run_with(compiled)
-
-        def compile_one(num_tokens: int) -> None:
-            with self.block_manager.scratch("compile", num_tokens, num_tokens) as dummy:
-                if dummy is None:
-                    raise ValueError(f"the KV cache cannot hold the {num_tokens}-token compile batch; "
-                                     "lower compilation_config's sizes or raise kv_cache_memory_bytes")
-                paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_ids)
-
-        return log_compile(compiled.warm_up_sizes(), compile_one)
 
     def _step_cost_models(self, paged: PagedModel, max_num_tokens: int) -> tuple[StepCostModel, StepCostModel]:
         """Two step-cost models seeded with the same timed forwards: one learns from every step (it
