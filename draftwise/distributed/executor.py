@@ -58,6 +58,8 @@ def resolve_backend(backend: str | None, world_size: int) -> str:
 class Executor:
     """Base of the executors: the driver's group, ``send``, ``guard`` and ``shutdown``."""
 
+    local = True  # every rank on this machine (they share its memory)
+
     def __init__(self, world_size: int):
         self.world_size = world_size
         self.group: TPGroup | None = None

@@ -100,7 +100,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None
-        pool = KVPool(config.block_size, self.dtype, self.device)
+        shared_host = self.executor is not None and self.device.type == "cpu" and self.executor.local
+        pool = KVPool(config.block_size, self.dtype, self.device, config.tensor_parallel_size if shared_host else 1)
         pool.add("target", PagedModel.kv_cache_spec(model))
         if self.speculator:
             self.speculator.add_kv(pool)

@@ -4,8 +4,8 @@ Megatron-style sharding, by rank ``r`` of ``world_size``:
 
 * attention heads by KV group (a KV head and the query heads that read it), so each
   rank keeps plain grouped-query attention. With at most as many ranks as KV heads the
-  groups are split into contiguous runs (``floor(K * r / world)``: 3 groups over 2 ranks
-  give 1 and 2); with more ranks, each KV head is replicated on ``world / K`` ranks that
+  groups are split into contiguous runs, the longer first (3 groups over 2 ranks give 2
+  and 1: rank 0, which sizes the KV cache, holds the most KV heads); with more ranks, each KV head is replicated on ``world / K`` ranks that
   split its query heads, which needs ``world % K == 0`` and ``H % world == 0``. Any other
   size cannot be split and is a ``ValueError`` naming ``tensor_parallel_size``.
 * the MLP's intermediate dimension in contiguous runs (gate/up rows, down columns);
@@ -86,5 +86,6 @@ def check_divisible(config, world_size: int, field: str = FIELD) -> None:
 
 
 def _cut(n: int, world_size: int, rank: int) -> int:
-    """Start of rank ``rank``'s run when ``n`` items are split into ``world_size`` contiguous runs."""
-    return n * rank // world_size
+    """Start of rank ``rank``'s run when ``n`` items are split into ``world_size`` contiguous runs, the
+    longer runs first: rank 0 (the driver, which sizes the KV cache for every rank) holds the most."""
+    return n - n * (world_size - rank) // world_size

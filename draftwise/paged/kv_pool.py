@@ -8,7 +8,9 @@ tensor at once, and one block table addresses them all.
 
 ``KVPool.allocate(budget)`` turns a byte budget (or the default: a quarter
 of free host or GPU memory, at most 2 GiB, no more than the workload can
-use) into a number of blocks, allocates one tensor per member,
+use, split between the tensor-parallel ranks that share a host's memory;
+a budget is per rank, sized by the driver's, which holds the most KV heads)
+into a number of blocks, allocates one tensor per member,
 ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``, and the
 ``BlockManager`` over them.
 """
@@ -42,8 +44,9 @@ class KVCacheSpec:
 
 
 class KVPool:
-    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device, num_local_ranks: int = 1):
         self.block_size, self.dtype, self.device = block_size, dtype, device
+        self.num_local_ranks = num_local_ranks  # tensor-parallel ranks sharing this host's memory
         self.specs: dict[str, KVCacheSpec] = {}
         self.tensors: dict[str, torch.Tensor] = {}
         self.block_manager: BlockManager | None = None
@@ -65,7 +68,8 @@ class KVPool:
         per_token = self.bytes_per_token
         if budget_bytes is None and gpu_memory_utilization is not None and self.device.type == "cuda":
             budget_bytes = gpu_kv_cache_bytes(gpu_memory_utilization, self.device)
-        budget = budget_bytes or default_kv_cache_bytes(per_token, max_num_seqs, max_model_len, self.device)
+        budget = budget_bytes or default_kv_cache_bytes(per_token, max_num_seqs, max_model_len, self.device,
+                                                        self.num_local_ranks)
         num_blocks = budget // (per_token * self.block_size)
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching, drafter_kv,
                                           key_lookahead)
@@ -96,10 +100,12 @@ def available_memory_bytes(device: torch.device | None = None) -> int:
 
 
 def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_len: int,
-                           device: torch.device | None = None) -> int:
-    """A quarter of free (host or GPU) memory, at most 2 GiB, and no more than the workload can use."""
+                           device: torch.device | None = None, num_local_ranks: int = 1) -> int:
+    """A quarter of free (host or GPU) memory, at most 2 GiB, and no more than the workload can use;
+    on a host whose memory ``num_local_ranks`` tensor-parallel ranks share, each rank's share of that."""
     wanted = bytes_per_token * max_num_seqs * max_model_len
-    return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device), _DEFAULT_CAP))
+    return int(min(wanted, _DEFAULT_FRACTION * available_memory_bytes(device) / num_local_ranks,
+                   _DEFAULT_CAP / num_local_ranks))
 
 
 def gpu_kv_cache_bytes(utilization: float, device: torch.device) -> int:
