@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 
 import torch
 
@@ -106,6 +105,7 @@ class RayExecutor(Executor):
                                  f"on {ip}; keep the driver's GPU out of Ray (CUDA_VISIBLE_DEVICES when starting "
                                  "the node) or use distributed_executor_backend='mp' on one machine")
         self.worker_pids = [pid for _, pid, _ in infos]
+        self.local = all(ip == host for ip, _, _ in infos)  # every rank on the driver's machine
         self._runs = {actor.run.remote(spec, rank, self.world_size, host, port): rank
                       for rank, actor in enumerate(self.actors, start=1)}
         self._watcher = threading.Thread(target=self._watch, name="draftwise-tp-ray-watch", daemon=True)
@@ -187,7 +187,6 @@ def _connect():
                 _connection["started"] = False
             except ConnectionError:
                 logger.info("draftwise: no running Ray cluster found; starting a local Ray instance")
-                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 ray.init(include_dashboard=False)
                 _connection["started"] = True
         _connection["users"] += 1
