@@ -29,9 +29,8 @@ _NOT_HERE = "the models draftwise loads have none"
 # name: (the values that work here, why another value cannot)
 ACCEPTED: dict[str, tuple[tuple, str]] = {
     "pipeline_parallel_size": ((1,), "pipeline parallelism is not supported"),
-    "data_parallel_size": ((1,), "data parallelism is not supported yet"),
-    "distributed_executor_backend": ((None, "uni", "mp"), "draftwise runs one rank; the Ray executor is not "
-                                                         "supported yet"),
+    "data_parallel_size": ((1,), "data parallelism is a `draftwise serve` feature (--data-parallel-size N runs N "
+                                 "engine replicas behind one server); LLM and generate run one engine"),
     "enable_lora": ((False,), "LoRA adapters are not supported"),
     "quantization": ((None, "gguf"), "the only quantized checkpoints supported are GGUF files"),
     "quantization_config": ((None,), "the only quantized checkpoints supported are GGUF files"),
@@ -103,10 +102,14 @@ _NOOP_REASONS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("mamba_*", "*mamba*", "*replayssm*", "gdn_*", "kda_*"), f"Mamba/linear-attention layers: {_NOT_HERE}"),
     (("*expert*", "*eplb*", "*moe*", "all2all_backend", "enable_ep_weight_filter", "enable_elastic_ep",
       "elastic_ep_max_dp_size"), f"mixture-of-experts layers: {_NOT_HERE} (dense models have nothing to shard)"),
-    (("data_parallel_*", "dp_*", "*dbo*", "ubatch_size", "disable_nccl_for_dp_synchronization", "nnodes",
+    (("data_parallel_*",), "draftwise serve runs its --data-parallel-size replicas as processes on this machine "
+                           "and sends each request to the least-loaded one itself"),
+    (("dp_*", "*dbo*", "ubatch_size", "disable_nccl_for_dp_synchronization", "nnodes",
       "node_rank", "master_*", "*context_parallel*", "dcp_*", "cp_*", "*distributed_timeout*", "device_ids",
       "numa_*", "enable_hc_sp", "disable_custom_all_reduce", "enable_batch_sharded_sampling", "ray_*",
-      "enable_shm_tensor_arena", "enable_nccl_comm_suspend"), "draftwise runs one rank on one device"),
+      "enable_shm_tensor_arena", "enable_nccl_comm_suspend"),
+     "draftwise's tensor-parallel ranks talk over torch.distributed (gloo on CPU, NCCL on CUDA) with its own "
+     "settings; data parallelism is draftwise serve's --data-parallel-size"),
     (("*cudagraph*", "enable_cumem_allocator", "enable_flashinfer_autotune", "attention_backend",
       "attention_config", "kernel_config", "ir_op_priority", "linear_backend", "sparse_indexer_topk_backend",
       "disable_cascade_attn", "optimization_level", "performance_mode", "model_impl", "enable_layerwise_*"),

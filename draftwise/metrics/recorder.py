@@ -5,7 +5,8 @@
 it, ``record_step`` after every step, ``record_abort`` when requests are aborted and (the
 server's engine loop, while idle) ``record_idle``; each of them also gives the ``StatLogger``
 its turn. ``snapshot()`` may run on any thread (a lock guards the state) and returns
-``reader`` objects with vLLM's names, types and labels (``model_name``, ``engine="0"``):
+``reader`` objects with vLLM's names, types and labels (``model_name``, ``engine``: the
+``engine_index``, 0 but in a data-parallel server's replicas, as in vLLM):
 
 * counters: ``vllm:prompt_tokens`` (a request's prompt, counted when its first token comes
   out), ``vllm:prompt_tokens_cached`` (the part of it read from the prefix cache),
@@ -88,6 +89,7 @@ class StatsRecorder:
         self.per_pos = [0] * (num_spec_tokens or 0)
         self.histograms = _histograms(max_model_len)
         self.logger: StatLogger | None = None  # the periodic log lines; None with disable_log_stats
+        self.engine_index = 0  # vLLM's engine label and log prefix ("Engine 001"): a data-parallel replica's index
         self._requests: dict[str, _Progress] = {}
         self._lock = threading.Lock()
 
@@ -192,8 +194,8 @@ class StatsRecorder:
 
     # ------------------------------------------------------------------ any thread
     def snapshot(self, model_name: str | None = None) -> list[Metric]:
-        """Every metric now, labelled ``model_name`` (default: the engine's) and ``engine="0"``."""
-        labels = {"model_name": model_name or self.model_name, "engine": "0"}
+        """Every metric now, labelled ``model_name`` (default: the engine's) and ``engine`` (its index)."""
+        labels = {"model_name": model_name or self.model_name, "engine": str(self.engine_index)}
         with self._lock:
             out: list[Metric] = [Gauge(name, dict(labels), value) for name, value in self.gauges.items()]
             out += [Counter(name, dict(labels), value) for name, value in self.counters.items()]

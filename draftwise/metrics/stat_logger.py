@@ -9,7 +9,9 @@ logger gets::
 ("Preemptions: N" before the KV cache part when the interval had any; "GPU KV cache usage" on
 CUDA; the hit rate, since start-up, only with prefix caching and after a lookup), followed by the
 speculative line (``spec_decode/metrics.py``) when the interval verified drafts. The prompt
-throughput counts the prompt tokens computed, not those read from the prefix cache.
+throughput counts the prompt tokens computed, not those read from the prefix cache. The prefix
+is the recorder's ``engine_index`` (each replica of a data-parallel server logs its own lines,
+"Engine 000", "Engine 001", ..., as vLLM does).
 
 ``maybe_log`` is called on the engine's thread after each step and, in the server, on every
 wake-up of its idle engine loop, so the lines keep their pace while requests run and the interval
@@ -84,6 +86,6 @@ class StatLogger:
         if queries:
             parts.append("Prefix cache hit rate: %.1f%%")
             args.append(100 * self.recorder.counters["vllm:prefix_cache_hits"] / queries)
-        logger.log(level, "Engine 000: " + ", ".join(parts), *args)
+        logger.log(level, "Engine %03d: " + ", ".join(parts), self.recorder.engine_index, *args)
         if self.spec_logger is not None:
             self.spec_logger.flush(level, now)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server behind ``draftwise serve``.
 
 ``async_engine`` runs one ``LLMEngine`` loop on its own thread for every
-connection; ``protocol`` holds the request/response models and OpenAI's error
+connection (``data_parallel`` instead runs ``--data-parallel-size`` replicas,
+each a ``replica`` process, placed by ``data_parallel_flags``); ``protocol`` holds the request/response models and OpenAI's error
 format, ``request_fields`` the fields accepted without being implemented (at
 their neutral value only); ``serving_completions`` / ``serving_chat`` turn
 requests into engine requests and engine outputs into responses or SSE

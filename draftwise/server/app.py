@@ -1,6 +1,6 @@
 """The FastAPI application: routes, API-key check, request guards, and OpenAI-format errors.
 
-``build_app`` wires an ``AsyncEngine`` to the OpenAI routes (``/v1/models``,
+``build_app`` wires an ``AsyncEngine`` (or a ``DataParallelEngine``) to the OpenAI routes (``/v1/models``,
 ``/v1/completions``, ``/v1/chat/completions``) and vLLM's (``/tokenize``,
 ``/detokenize``, ``/version``). Every error a client can cause is a JSON
 ``{"error": {"message", "type", "param", "code"}}``: malformed JSON, invalid
@@ -11,6 +11,9 @@ one is set), a body past the limit
 413, a body that does not arrive 408 (``guards.py``), and an unexpected
 failure inside one request 500, which fails that request only and never
 echoes the exception: the client gets an error id, the log gets the details.
+A dead engine (``EngineDeadError``) is a 500 for every request in flight and
+after, and ``/health`` answers 503 until the server, told by the engine's
+``on_dead``, has stopped (as vLLM's).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..errors import EngineDeadError
 from .async_engine import AsyncEngine, RequestFailed
 from .errors import APIError, error_response
 from .guards import RequestGuard
@@ -68,7 +72,7 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
     key_check = Depends(_api_key_check(options.api_key))
     if not options.disable_fastapi_docs:
         _add_docs(app, key_check)
-    _add_open_routes(app, metrics)
+    _add_open_routes(app, engine, metrics)
     completions = CompletionServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
     chat = ChatServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
     app.include_router(_v1_routes(completions, chat, key_check))
@@ -76,11 +80,11 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
     return app
 
 
-def _add_open_routes(app: FastAPI, metrics: ServerMetrics | None) -> None:
+def _add_open_routes(app: FastAPI, engine: AsyncEngine, metrics: ServerMetrics | None) -> None:
     """The routes that need no API key."""
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        return Response(status_code=503 if engine.dead is not None else 200)
 
     @app.get("/version")
     async def version() -> dict:
@@ -88,7 +92,7 @@ def _add_open_routes(app: FastAPI, metrics: ServerMetrics | None) -> None:
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        body = metrics.render() if metrics else b""
+        body = await metrics.render() if metrics else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -194,6 +198,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestFailed)
     async def request_failed(request: Request, exc: RequestFailed) -> JSONResponse:
         return error_response(500, str(exc), type="server_error")
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:  # the log has what died
+        return error_response(500, "the engine died (a worker or replica process is gone): the server is "
+                              "shutting down", type="server_error")
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -10,7 +10,7 @@ thread-safe queue, and the loop thread applies them between steps, so all
 requests in flight are batched together in every step (continuous batching,
 speculation included). Each step's ``RequestOutput``s (cumulative snapshots:
 full text and token ids so far) are handed to the owning request's
-``_Stream`` with ``call_soon_threadsafe``; it keeps only the latest unread
+``RequestStream`` with ``call_soon_threadsafe``; it keeps only the latest unread
 one, so a slow reader's memory stays bounded. A request added with a
 ``SpecTrace`` has it fed every one of its outputs on the engine thread, before
 the output is handed on (``spec_metrics``: per-step speculative figures).
@@ -22,7 +22,11 @@ early (client disconnect, cancellation), the request is aborted and its KV
 blocks are freed on the next loop iteration. A request the engine failed
 (its values broke a step; the engine isolates it, see ``engine/fault_isolation.py``)
 ends with ``RequestFailed``; if a step fails beyond that, every request in it
-fails and is aborted. The loop keeps serving new requests either way.
+fails and is aborted. The loop keeps serving new requests either way, but for
+``EngineDeadError`` (``draftwise/errors.py``: a part of the engine outside this
+process died): then every request in flight, and every one queued or added
+after, ends with that error (a 500), ``dead`` holds it, the loop ends and
+``on_dead()`` is called (the server stops and exits non-zero).
 
 Metrics: the engine records its own (``engine.stats``, read by ``/metrics`` through
 ``ServerMetrics``). The periodic log lines (``metrics/stat_logger.py``) are due after steps and on
@@ -39,6 +43,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 from ..engine.engine import LLMEngine
+from ..errors import EngineDeadError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 
@@ -52,7 +57,7 @@ class RequestFailed(RuntimeError):
         super().__init__(f"the engine could not run request {request_id}; the server log has the details")
 
 
-class _Stream:
+class RequestStream:
     """The latest undelivered item of one request: a ``RequestOutput`` snapshot, or an exception that ends it.
 
     Snapshots are cumulative (full text and token ids so far), so an unread one is replaced by the next:
@@ -88,8 +93,10 @@ class AsyncEngine:
             metrics.bind(engine)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, RequestStream] = {}
         self._stopped = False
+        self.dead: EngineDeadError | None = None  # set when the engine died: nothing is served after
+        self.on_dead: Callable[[], None] | None = None  # called once, on the engine thread, when it dies
         self._thread = threading.Thread(target=self._run, name="draftwise-engine", daemon=True)
         self._started: threading.Event | None = None  # set by ``build``: the thread waits for start()
 
@@ -133,7 +140,7 @@ class AsyncEngine:
     async def add_request(self, request_id: str, prompt, params: SamplingParams, trace=None) -> "RequestHandle":
         """Queue a request; raises the engine's ``ValueError`` for a bad one (nothing is queued).
         ``trace`` (a ``SpecTrace``) is fed each of its outputs on the engine thread."""
-        stream = _Stream(asyncio.get_running_loop(), trace)
+        stream = RequestStream(asyncio.get_running_loop(), trace)
         added: concurrent.futures.Future = concurrent.futures.Future()
         self._post(("add", request_id, prompt, params, stream, added))
         await asyncio.wrap_future(added)
@@ -144,10 +151,14 @@ class AsyncEngine:
             self._post(("abort", request_id))
 
     def _post(self, command: tuple) -> None:
+        if self.dead is not None:
+            raise self.dead
         if self._stopped:
             raise RuntimeError("the engine is shutting down")
         self._commands.put(command)
         self._wake.set()
+        if self._stopped:  # the loop ended meanwhile and may have drained the queue already
+            self._refuse_queued()
 
     # ------------------------------------------------------------------ engine thread side
     @property
@@ -157,6 +168,15 @@ class AsyncEngine:
         return max(0.01, min(1.0, logger_.interval_s)) if logger_ is not None else 1.0
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except EngineDeadError as exc:
+            self._die(exc)
+        finally:
+            self._stopped = True
+            self._refuse_queued()
+
+    def _serve(self) -> None:
         while not self._stopped:
             self._apply_commands()
             if not self.engine.has_unfinished_requests():
@@ -166,6 +186,8 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except EngineDeadError:
+                raise
             except Exception as exc:  # a failed step fails its requests, not the server
                 logger.exception("draftwise: engine step failed; failing the requests in flight")
                 self._fail_all(exc)
@@ -190,11 +212,15 @@ class AsyncEngine:
             else:
                 self._abort(command[1])
 
-    def _add(self, request_id, prompt, params, stream: _Stream, added: concurrent.futures.Future) -> None:
+    def _add(self, request_id, prompt, params, stream: RequestStream, added: concurrent.futures.Future) -> None:
+        if not added.set_running_or_notify_cancel():  # its caller went away before it was queued
+            return
         try:
             self.engine.add_request(request_id, prompt, params)
         except Exception as exc:  # ValueError: bad request; anything else: the handler answers 500
             added.set_exception(exc)
+            if isinstance(exc, EngineDeadError):
+                raise
             return
         self._streams[request_id] = stream
         added.set_result(None)
@@ -208,11 +234,34 @@ class AsyncEngine:
             stream.put(RequestFailed(request_id))
             self._abort(request_id)
 
+    def _die(self, exc: EngineDeadError) -> None:
+        """The engine is gone: fail every request in flight with ``exc`` (nothing is aborted: the
+        engine cannot be called), stop the loop and tell ``on_dead``."""
+        logger.error("draftwise: the engine died (%s); failing %d request(s) in flight, the server stops",
+                     exc, len(self._streams))
+        self.dead, self._stopped = exc, True
+        for stream in self._streams.values():
+            stream.put(exc)
+        self._streams.clear()
+        if self.on_dead is not None:
+            self.on_dead()
+
+    def _refuse_queued(self) -> None:
+        """Commands posted while the loop ended: their adds get the engine's end (a waiter never hangs)."""
+        error = self.dead or RuntimeError("the engine is shutting down")
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add" and command[-1].set_running_or_notify_cancel():
+                command[-1].set_exception(error)
+
 
 class RequestHandle:
     """One queued request: iterate ``outputs()`` for its snapshots; ``abort()`` if you stop early."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream):
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: RequestStream):
         self.engine = engine
         self.request_id = request_id
         self._stream = stream
