@@ -7,13 +7,13 @@ tokens/s for one request and for --batch requests, and the ratio TP2 / TP1. Then
 
 * memory per rank: the parameter bytes each rank holds, its KV bytes per token, and the
   resident memory of the driver and of the worker process;
-* the collectives: a gloo all-reduce of one step's ``[rows, hidden]`` between two processes of
-  this machine, per call, and per decode step (two per layer, one for the embedding, plus the
-  logits' gather);
+* the collectives: an all-reduce of one step's ``[rows, hidden]`` between two processes of this
+  machine, through shared memory (the mp executor on CPU) and through loopback gloo (the Ray
+  executor), per call and per decode step (two per layer, one for the embedding);
 * a projection for N ranks that each have their own cores: the TP=1 step on one thread split N
-  ways, plus the collectives measured here scaled by N - 1 (a ring all-reduce of a small tensor
-  is latency-bound: 2 (N - 1) hops; loopback gloo here, across machines add the network's
-  latency per hop; on NVLink an NCCL all-reduce this small takes ~10-30 us).
+  ways, plus the collectives measured here scaled by N - 1 (an all-reduce this small is
+  latency-bound; across machines add the network's latency per hop; on NVLink an NCCL
+  all-reduce this small takes ~10-30 us).
 
     flock /tmp/draftwise-bench.lock python benchmarks/bench_tensor_parallel.py
 """
@@ -29,7 +29,9 @@ import torch
 
 from bench_compile import tokens_per_s  # greedy decode tokens/s of one generate call
 from draftwise import LLM
+from draftwise.distributed.executor import SHM_SLOT_BYTES
 from draftwise.distributed.group import TPGroup
+from draftwise.distributed.shm_collectives import ShmCollectives
 from draftwise.layers.cpu_info import cpu_signature
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
@@ -57,30 +59,37 @@ def shard_bytes(llm: LLM) -> tuple[float, float]:
     return params / 2 ** 20, per_token
 
 
-def _reduce_peer(port: int, shapes: list[tuple[int, int]], repeats: int, dtype: str) -> None:
+def _reduce_peer(port: int, shm_path: str, shapes: list[tuple[int, int]], repeats: int, dtype: str) -> None:
     torch.set_num_threads(1)
     group = TPGroup.connect("127.0.0.1", port, 1, 2, torch.device("cpu"))
-    for shape in shapes:
-        x = torch.ones(shape, dtype=getattr(torch, dtype))
-        for _ in range(repeats):
-            group.all_reduce(x)
+    shm = ShmCollectives(shm_path, 1, 2, SHM_SLOT_BYTES, create=False)
+    for reduce in (group.all_reduce, shm.all_reduce):
+        for shape in shapes:
+            x = torch.ones(shape, dtype=getattr(torch, dtype))
+            for _ in range(repeats):
+                reduce(x)
 
 
-def all_reduce_us(shapes: list[tuple[int, int]], repeats: int, dtype: str) -> dict[tuple[int, int], float]:
-    """Median microseconds of one gloo all-reduce of each shape, between this process and another."""
+def all_reduce_us(shapes: list[tuple[int, int]], repeats: int, dtype: str) -> dict[str, dict]:
+    """Median microseconds of one all-reduce of each shape between this process and another, over
+    loopback gloo and over shared memory ({"gloo": {shape: us}, "shm": {shape: us}})."""
     store = TPGroup.host_store("127.0.0.1", 2)
-    peer = mp.get_context("spawn").Process(target=_reduce_peer, args=(store.port, shapes, repeats, dtype))
+    shm = ShmCollectives(ShmCollectives.new_path(), 0, 2, SHM_SLOT_BYTES, create=True)
+    peer = mp.get_context("spawn").Process(target=_reduce_peer, args=(store.port, shm.path, shapes, repeats, dtype))
     peer.start()
     group = TPGroup.from_store(store, 0, 2, torch.device("cpu"))
     out = {}
-    for shape in shapes:
-        x, times = torch.ones(shape, dtype=getattr(torch, dtype)), []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            group.all_reduce(x)
-            times.append(time.perf_counter() - start)
-        out[shape] = 1e6 * statistics.median(times[repeats // 5:])
+    for name, reduce in (("gloo", group.all_reduce), ("shm", shm.all_reduce)):
+        out[name] = {}
+        for shape in shapes:
+            x, times = torch.ones(shape, dtype=getattr(torch, dtype)), []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                reduce(x)
+                times.append(time.perf_counter() - start)
+            out[name][shape] = 1e6 * statistics.median(times[repeats // 5:])
     peer.join()
+    shm.unlink()
     return out
 
 
@@ -123,20 +132,25 @@ def main() -> None:
     dtype = str(tp1.llm_engine.dtype).removeprefix("torch.")
     hidden, layers = config.hidden_size, config.num_hidden_layers
     shapes = [(rows, hidden) for rows in (1, args.batch, 64)]
-    cost = all_reduce_us(shapes, 200, dtype)
-    print(f"\ngloo all-reduce between two processes ({dtype}), per call and per step ({2 * layers + 1} per step):")
-    for (rows, _), us in cost.items():
-        print(f"  [{rows:3d}, {hidden}]: {us:7.1f} us per call, {us * (2 * layers + 1) / 1e3:6.2f} ms per step")
+    cost = all_reduce_us(shapes, 500, dtype)
+    per_step = 2 * layers + 1
+    print(f"\nall-reduce between two processes ({dtype}), per call and per step ({per_step} per step):")
+    for name, label in (("shm", "shared memory (what the mp executor uses on CPU)"),
+                        ("gloo", "gloo over loopback TCP (the Ray executor; across machines add the network)")):
+        print(f"  {label}:")
+        for (rows, _), us in cost[name].items():
+            print(f"    [{rows:3d}, {hidden}]: {us:7.1f} us per call, {us * per_step / 1e3:6.2f} ms per step")
 
     torch.set_num_threads(1)
     one_thread = statistics.median(tokens_per_s(tp1, PROMPTS[:1], args.max_tokens) for _ in range(2))
     step_ms = 1e3 / one_thread
-    comm_ms = cost[shapes[0]] * (2 * layers + 1) / 1e3
     print(f"\nprojection, one request, N ranks with a core each: TP=1 step on one thread {step_ms:.1f} ms")
-    for n in (2, 4, 8):  # a ring all-reduce of a small tensor: 2 (N - 1) latency-bound hops, 2 of them at N=2
-        projected = step_ms / n + comm_ms * (n - 1)
-        print(f"  N={n}: {step_ms / n:.1f} ms compute + ~{projected - step_ms / n:.1f} ms gloo collectives = "
-              f"{projected:.1f} ms/step, {step_ms / projected:.2f}x one rank")
+    for name in ("shm", "gloo"):
+        comm_ms = cost[name][shapes[0]] * per_step / 1e3
+        for n in (2, 4, 8):  # small all-reduces are latency-bound: ~(N - 1) times the 2-rank cost
+            projected = step_ms / n + comm_ms * (n - 1)
+            print(f"  {name:4} N={n}: {step_ms / n:5.1f} ms compute + {comm_ms * (n - 1):6.1f} ms collectives = "
+                  f"{projected:6.1f} ms/step, {step_ms / projected:.2f}x one rank")
     tp2.llm_engine.shutdown()
 
 

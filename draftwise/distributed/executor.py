@@ -22,6 +22,7 @@ collective leaves the ranks out of step, so the group cannot be used again.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -35,11 +36,13 @@ import torch
 
 from ..errors import EngineDeadError
 from .group import TPGroup
+from .shm_collectives import ShmCollectives
 from .worker import WorkerSpec
 
 logger = logging.getLogger("draftwise")
 
 BACKENDS = ("mp", "ray", "uni")
+SHM_SLOT_BYTES = 8 << 20  # the largest tensor a shared-memory collective carries (per rank)
 _START_POLL_S = 0.2
 
 
@@ -69,6 +72,8 @@ class Executor:
     def send(self, message: tuple) -> None:
         with self.guard():
             self.group.broadcast_object(message)
+        if self.group.shm is not None and self.group.shm.linked:  # every worker mapped it before its first
+            self.group.shm.unlink()  # message: the file can go
 
     @contextmanager
     def guard(self):
@@ -137,6 +142,11 @@ class MPExecutor(Executor):
     def __init__(self, spec: WorkerSpec, world_size: int, host: str = "127.0.0.1"):
         super().__init__(world_size)
         store = TPGroup.host_store(host, world_size)
+        shm = None
+        if spec.device == "cpu":  # every rank on this host: small collectives through shared memory
+            spec = dataclasses.replace(spec, shm_path=ShmCollectives.new_path(), shm_slot_bytes=SHM_SLOT_BYTES)
+            shm = ShmCollectives(spec.shm_path, 0, world_size, SHM_SLOT_BYTES, create=True,
+                                 alive=lambda: self.dead is None)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (_package_root(),
                                                                         os.environ.get("PYTHONPATH")))))
         self.procs = [subprocess.Popen([sys.executable, "-m", "draftwise.distributed.worker", "--spec",
@@ -148,7 +158,12 @@ class MPExecutor(Executor):
                              daemon=True).start()
         logger.info("draftwise: tensor-parallel workers started (mp): %s",
                     ", ".join(f"rank {r} pid {p.pid}" for r, p in enumerate(self.procs, start=1)))
-        self._join(store, torch.device(spec.device), lambda: all(p.poll() is None for p in self.procs))
+        try:
+            self._join(store, torch.device(spec.device), lambda: all(p.poll() is None for p in self.procs))
+        finally:
+            if shm is not None and self.group is None:
+                shm.unlink()
+        self.group.shm = shm
 
     @property
     def worker_pids(self) -> list[int]:

@@ -37,6 +37,7 @@ import torch
 from ..models.registry import build_model, load_config
 from ..paged import ForwardInput, KVPool, PagedModel
 from .group import TPGroup
+from .shm_collectives import ShmCollectives
 
 logger = logging.getLogger("draftwise")
 
@@ -50,6 +51,8 @@ class WorkerSpec:
     max_model_len: int
     block_size: int
     num_threads: int  # torch threads of this rank
+    shm_path: str | None = None  # the host's shared-memory collectives file (mp executor on CPU)
+    shm_slot_bytes: int = 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -112,6 +115,10 @@ def run_worker(spec: WorkerSpec, rank: int, world_size: int, host: str, port: in
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(spec.num_threads)
     group = TPGroup.connect(host, port, rank, world_size, torch.device(spec.device))
+    if spec.shm_path is not None:  # the driver is this process's parent: spin only while it lives
+        parent = os.getppid()
+        group.shm = ShmCollectives(spec.shm_path, rank, world_size, spec.shm_slot_bytes, create=False,
+                                   alive=lambda: os.getppid() == parent)
     try:
         Worker(spec, group).loop()
     finally:
