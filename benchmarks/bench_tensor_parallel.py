@@ -120,13 +120,15 @@ def main() -> None:
     med = {name: {k: statistics.median(v) for k, v in f.items()} for name, f in figures.items()}
     for name in engines:
         print(f"{name:8}{med[name]['1']:12.1f}{med[name]['batch']:14.1f}")
-    print(f"{'TP2/TP1':8}{med['TP=2']['1'] / med['TP=1']['1']:12.2f}x{med['TP=2']['batch'] / med['TP=1']['batch']:13.2f}x")
+    ratio = {k: med["TP=2"][k] / med["TP=1"][k] for k in ("1", "batch")}
+    print(f"{'TP2/TP1':8}{ratio['1']:12.2f}x{ratio['batch']:13.2f}x")
 
     full, kv1 = shard_bytes(tp1)
     half, kv2 = shard_bytes(tp2)
     worker = tp2.llm_engine.executor.worker_pids[0]
     print(f"\nmemory per rank: TP=1 params {full:.1f} MiB, KV {kv1} B/token; TP=2 driver params {half:.1f} MiB, "
-          f"KV {kv2} B/token; RSS driver (both engines) {rss_mib(os.getpid()):.0f} MiB, worker {rss_mib(worker):.0f} MiB")
+          f"KV {kv2} B/token; RSS driver (both engines) {rss_mib(os.getpid()):.0f} MiB, "
+          f"worker {rss_mib(worker):.0f} MiB")
 
     config = tp1.llm_engine.hf_config
     dtype = str(tp1.llm_engine.dtype).removeprefix("torch.")

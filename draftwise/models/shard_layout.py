@@ -5,9 +5,9 @@ Megatron-style sharding, by rank ``r`` of ``world_size``:
 * attention heads by KV group (a KV head and the query heads that read it), so each
   rank keeps plain grouped-query attention. With at most as many ranks as KV heads the
   groups are split into contiguous runs, the longer first (3 groups over 2 ranks give 2
-  and 1: rank 0, which sizes the KV cache, holds the most KV heads); with more ranks, each KV head is replicated on ``world / K`` ranks that
-  split its query heads, which needs ``world % K == 0`` and ``H % world == 0``. Any other
-  size cannot be split and is a ``ValueError`` naming ``tensor_parallel_size``.
+  and 1: rank 0, which sizes the KV cache, holds the most KV heads); with more ranks,
+  each KV head is replicated on ``world / K`` ranks that split its query heads, which
+  needs ``world % K == 0`` and ``H % world == 0``. Any other size cannot be split and is a ``ValueError`` naming ``tensor_parallel_size``.
 * the MLP's intermediate dimension in contiguous runs (gate/up rows, down columns);
 * the vocabulary (embedding rows, lm_head rows) in runs of ``ceil(V / world)`` rows,
   the last one zero-padded, so every rank's logits have the same width and the
