@@ -73,9 +73,12 @@ def test_seeded_sampling_equal(arch_dirs):
 
 
 def test_each_rank_holds_its_shard(tiny_model_dir):
-    """The driver's shard holds its share of the heads, MLP and vocabulary rows, and the KV heads it reads."""
+    """The driver's shard holds its share of the heads, MLP and vocabulary rows, and the KV heads it reads;
+    the ranks split the process's threads while the engine runs."""
+    threads = torch.get_num_threads()
     llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2)
     try:
+        assert torch.get_num_threads() == max(1, threads // 2) or "OMP_NUM_THREADS" in os.environ
         model = llm.llm_engine.runner.model
         config = llm.llm_engine.hf_config
         assert model.layers[0].num_heads == config.num_attention_heads // 2
@@ -85,6 +88,7 @@ def test_each_rank_holds_its_shard(tiny_model_dir):
         assert llm.llm_engine.runner.paged.kv_cache.shape[-2] == config.num_key_value_heads // 2
     finally:
         llm.llm_engine.shutdown()
+    assert torch.get_num_threads() == threads
 
 
 SPEC_CASES = {

@@ -1,7 +1,7 @@
 """Tensor parallelism with distributed_executor_backend="ray" (a Ray head on this machine, gloo, fp32).
 
-The driver is rank 0 and rank 1 is a Ray actor placed by a placement group: TP=2 gives TP=1's
-tokens; a Ray cluster the engine joined keeps running after it, one it started goes with it; a
+The driver is rank 0 and the other ranks are Ray actors placed by a placement group: TP=2, and
+TP=3 with two actors, give TP=1's tokens; a Ray cluster the engine joined keeps running after it, one it started goes with it; a
 killed actor ends the engine with a clear error within seconds; ranks the cluster cannot place
 raise ValueError naming tensor_parallel_size; without Ray installed the error names the extra.
 """
@@ -29,7 +29,7 @@ PROMPTS = [[5, 9, 31, 77, 120, 3, 44], [200, 13, 13, 13, 99, 150, 7, 8, 9, 10, 1
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A 2-CPU Ray head on 127.0.0.1 (its own temp dir, no auth), found by the engine through RAY_ADDRESS."""
+    """A 3-CPU Ray head on 127.0.0.1 (its own temp dir, no auth), found by the engine through RAY_ADDRESS."""
     temp_dir = tempfile.mkdtemp(prefix="dwray", dir="/tmp")  # Ray's socket paths must stay short
     port = free_port()
     with pytest.MonkeyPatch.context() as env:
@@ -39,7 +39,7 @@ def ray_head():
         log_path = Path(temp_dir) / "ray-start.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-                                     "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+                                     "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "3",
                                      "--num-gpus", "0", "--include-dashboard=false", "--disable-usage-stats",
                                      "--temp-dir", temp_dir], stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
@@ -129,6 +129,35 @@ def test_tp2_on_ray_equals_tp1_and_leaves_the_cluster_running(ray_head, tiny_mod
     assert ray_head.poll() is None  # ... from a cluster it did not start, which keeps running
 
 
+@pytest.fixture(scope="module")
+def three_group_model(tmp_path_factory):
+    """A random fp32 Llama with 6 heads in 3 KV groups (one group per rank at TP=3), with the tiny tokenizer."""
+    import torch
+    from conftest import _build_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("three-groups")
+    tokenizer = _build_tokenizer(path)
+    torch.manual_seed(3)
+    config = LlamaConfig(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=6,
+                         num_key_value_heads=3, vocab_size=len(tokenizer), max_position_embeddings=512,
+                         initializer_range=0.2)
+    LlamaForCausalLM(config).float().save_pretrained(path)
+    return path
+
+
+def test_tp3_on_ray_has_two_actors_and_equals_tp1(ray_head, three_group_model):
+    plain = _plain(three_group_model)
+    llm = LLM(model=str(three_group_model), dtype="float32", tensor_parallel_size=3,
+              distributed_executor_backend="ray")
+    try:
+        assert len(llm.llm_engine.executor.actor_ids) == 2
+        assert sorted(name[-5:] for name in ray.util.list_named_actors()) == ["rank1", "rank2"]
+        assert _generate(llm) == plain
+    finally:
+        llm.llm_engine.shutdown()
+
+
 def test_killed_actor_ends_the_engine_with_a_clear_error(ray_head, tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2, distributed_executor_backend="ray")
     executor = llm.llm_engine.executor
@@ -149,9 +178,9 @@ def test_killed_actor_ends_the_engine_with_a_clear_error(ray_head, tiny_model_di
 
 def test_ranks_the_cluster_cannot_place_name_tensor_parallel_size(ray_head, tiny_model_dir, monkeypatch):
     monkeypatch.setattr(ray_executor, "PLACEMENT_TIMEOUT_S", 2.0)
-    with pytest.raises(ValueError) as err:  # 4 bundles of 1 CPU on a 2-CPU head
+    with pytest.raises(ValueError) as err:  # 4 bundles of 1 CPU on a 3-CPU head
         LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=4, distributed_executor_backend="ray")
-    assert "tensor_parallel_size=4" in str(err.value) and "'CPU': 2.0" in str(err.value), str(err.value)
+    assert "tensor_parallel_size=4" in str(err.value) and "'CPU': 3.0" in str(err.value), str(err.value)
     assert not ray.is_initialized()
     assert ray_executor._connection["users"] == 0
 

@@ -67,6 +67,7 @@ class Executor:
         self.world_size = world_size
         self.group: TPGroup | None = None
         self.dead: str | None = None  # why the workers can no longer be used
+        self.restore_threads: int | None = None  # torch threads this process had before the ranks split them
         self._stopping = False
 
     def send(self, message: tuple) -> None:
@@ -131,6 +132,8 @@ class Executor:
         self._stop_workers()
         if self.group is not None:
             self.group.close()
+        if self.restore_threads is not None:
+            torch.set_num_threads(self.restore_threads)
 
     def _stop_workers(self) -> None:
         raise NotImplementedError
