@@ -62,10 +62,6 @@ class TPGroup:
             device_pg = dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, world_size)
         return cls(rank, world_size, device_pg, cpu_pg, store)
 
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns it."""
         if self.shm is not None and self.shm.fits(x):
