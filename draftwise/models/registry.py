@@ -139,14 +139,9 @@ def layer_hf_tensors(layer: nn.Module, prefix: str, skip: tuple[str, ...] = ()) 
         module, leaf = name.split(".", 1)
         if module in skip:
             continue
-        if module in _FUSED:
-            group = "self_attn." if module == "qkv_proj" else "mlp."
-            sizes = layer.split if module == "qkv_proj" else (param.shape[0] // 2,) * 2
-            for part, tensor in zip(_FUSED[module], param.detach().split(sizes)):
-                out[f"{prefix}{group}{part}.{leaf}"] = tensor
-        else:
-            hf = "post_attention_layernorm" if module == "pre_mlp_norm" else _HF_NAMES[module]
-            out[f"{prefix}{hf}.{leaf}"] = param.detach()
+        names = layer_names(prefix, module, leaf, False)
+        sizes = layer.split if module == "qkv_proj" else (param.shape[0] // len(names),) * len(names)
+        out.update(zip(names, param.detach().split(sizes)))
     return out
 
 
