@@ -27,6 +27,7 @@ class ShardedPagedModel(PagedModel):
                  executor, name: str = "target"):
         super().__init__(model, kv_cache, block_size, device, block_table)
         self.executor, self.name = executor, name
+        self.shared = SharedTarget(model, executor, name)  # the lm_head on the driver's tensors
 
     def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()):
         hidden, aux, cu, _ = self.forward_with_logits(batch, aux_layer_ids, None)
@@ -43,7 +44,7 @@ class ShardedPagedModel(PagedModel):
         return hidden, aux, cu, logits
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, H] -> [num_rows, vocab]
-        return SharedTarget(self.model, self.executor, self.name).compute_logits(hidden)
+        return self.shared.compute_logits(hidden)
 
 
 class SharedTarget:

@@ -29,6 +29,7 @@ import torch
 
 _LINE = 64  # bytes per rank's flag (one cache line)
 _CHECK_EVERY = 4096  # spin turns between liveness checks
+_MAX_VIEWS = 256  # cached slot views (one per buffer, dtype and shape)
 
 
 class ShmCollectives:
@@ -44,6 +45,7 @@ class ShmCollectives:
         self.seq = 0
         self.alive, self.timeout_s = alive, timeout_s
         self.linked = True  # the file still exists
+        self._views: dict[tuple, list[torch.Tensor]] = {}  # (buffer, dtype, shape) -> every rank's slot
 
     @staticmethod
     def new_path() -> str:
@@ -67,14 +69,24 @@ class ShmCollectives:
     def _exchange(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Publish ``x`` in this rank's slot; once every rank has, every rank's (views of the buffer)."""
         self.seq += 1
-        base = _LINE * self.world_size + (self.seq % 2) * self.world_size * self.slot_bytes
-        nbytes = x.numel() * x.element_size()
-        slots = [self.raw[base + r * self.slot_bytes:base + r * self.slot_bytes + nbytes].view(x.dtype).view(x.shape)
-                 for r in range(self.world_size)]
+        slots = self._slots(self.seq % 2, x.dtype, x.shape)
         slots[self.rank].copy_(x)
         self.flags[self.rank] = self.seq
         self._wait(self.seq)
         return slots
+
+    def _slots(self, buffer: int, dtype: torch.dtype, shape: torch.Size) -> list[torch.Tensor]:
+        """Views of every rank's slot of ``buffer`` as ``dtype`` / ``shape`` (made once per shape: a
+        step's 61 all-reduces share one)."""
+        key = (buffer, dtype, tuple(shape))
+        if key not in self._views:
+            if len(self._views) >= _MAX_VIEWS:  # prefill chunks of every length: keep the map small
+                self._views.clear()
+            base = _LINE * self.world_size + buffer * self.world_size * self.slot_bytes
+            nbytes = shape.numel() * dtype.itemsize
+            self._views[key] = [self.raw[base + r * self.slot_bytes:base + r * self.slot_bytes + nbytes]
+                                .view(dtype).view(shape) for r in range(self.world_size)]
+        return self._views[key]
 
     def _wait(self, seq: int) -> None:
         flags, turns, start = self.flags, 0, None

@@ -96,7 +96,7 @@ class Worker:
     @torch.inference_mode()
     def _forward(self, name: str, batch: list[tuple], aux_layer_ids: tuple[int, ...],
                  logit_rows: torch.Tensor | None) -> None:
-        items = [ForwardInput(list(ids), start, list(blocks)) for ids, start, blocks in batch]
+        items = [ForwardInput(ids, start, blocks) for ids, start, blocks in batch]
         hidden, _, _ = self.paged[name].forward(items, aux_layer_ids)
         if logit_rows is not None:
             self.models[name].compute_logits(hidden[logit_rows.to(self.device)])
