@@ -16,10 +16,17 @@ With ``--turns T`` (> 1) each request is a conversation instead: a system prompt
 conversations, then ``T`` user turns (prompts of the workload), every turn resending the
 conversation so far with the answers received, as a chat client does; each turn is a sample.
 A method written ``METHOD:nocache`` runs on a server started with ``--no-enable-prefix-caching``,
-so prefix caching can be compared side by side:
+so prefix caching can be compared side by side.
+
+``--rounds R`` (> 1) measures each level R times, the methods' order reversed every other round
+(A B, B A, A B, ...), so a machine that slows down during the run does not favour the method
+measured first; every round sends other prompts (shifted by the requests of a round), so a
+round does not find the previous one's conversations in the prefix cache. A level's figures
+are over all its rounds (tokens/s: all tokens over all seconds):
 
     python benchmarks/bench_serve.py --methods none,ngram --concurrency 1,8,32
     python benchmarks/bench_serve.py --workload chat --turns 4 --methods none:nocache,none
+    python benchmarks/bench_serve.py --workload chat --turns 4 --methods none,suffix --rounds 3
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -52,11 +60,25 @@ class Sample:
 class Level:
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
-    prefix_hit_rate: float = float("nan")  # prompt tokens served from the prefix cache, this level
+    prefix_queries: float = 0.0  # prompt tokens looked up in the prefix cache, this level
+    prefix_hits: float = 0.0  # of which served from it
+    round_tok_s: list[float] = field(default_factory=list)  # tokens/s of each round pooled here
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.samples)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else float("nan")
+
+    def add(self, other: "Level") -> None:
+        """Pool another round of the same level into this one."""
+        self.samples.extend(other.samples)
+        self.seconds += other.seconds
+        self.prefix_queries += other.prefix_queries
+        self.prefix_hits += other.prefix_hits
+        self.round_tok_s.append(other.num_tokens / other.seconds)
 
 
 async def stream_chat(port: int, body: dict) -> Sample:
@@ -101,27 +123,38 @@ def chat_body(messages: list[dict], max_tokens: int) -> dict:
             "stream_options": {"include_usage": True}}
 
 
-async def converse(port: int, prompts, first: int, turns: int, max_tokens: int) -> list[Sample]:
-    """One conversation: the shared system prompt, then ``turns`` user turns (prompts from ``first``
-    on), each request carrying every earlier turn and answer."""
+def conversation_prompts(num_prompts: int, turns: int, index: int) -> list[int]:
+    """The workload prompts of conversation ``index``: ``turns`` distinct ones drawn by a generator
+    seeded with ``index``, so conversations differ from each other (24 prompts give 255,024 orders
+    of 4) while every method gets the same ones."""
+    rng = random.Random(index)
+    if turns <= num_prompts:
+        return rng.sample(range(num_prompts), turns)
+    return [rng.randrange(num_prompts) for _ in range(turns)]
+
+
+async def converse(port: int, prompts, index: int, turns: int, max_tokens: int) -> list[Sample]:
+    """Conversation ``index``: the shared system prompt, then ``turns`` user turns
+    (``conversation_prompts``), each request carrying every earlier turn and answer."""
     messages, samples = [{"role": "system", "content": SYSTEM_PROMPT}], []
-    for t in range(turns):
-        messages.append(prompts[(first + t) % len(prompts)].messages[-1])
+    for p in conversation_prompts(len(prompts), turns, index):
+        messages.append(prompts[p].messages[-1])
         samples.append(await stream_chat(port, chat_body(messages, max_tokens)))
         messages.append({"role": "assistant", "content": samples[-1].text})
     return samples
 
 
 async def run_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
-                    time_limit: float, turns: int = 1) -> Level:
-    level, queue = Level(), list(range(num_requests))
+                    time_limit: float, turns: int = 1, first: int = 0) -> Level:
+    """Requests (or conversations) ``first .. first + num_requests - 1`` from ``concurrency`` clients."""
+    level, queue = Level(), list(range(first, first + num_requests))
     deadline = time.perf_counter() + time_limit
 
     async def client() -> None:
         while queue and time.perf_counter() < deadline:
             i = queue.pop(0)
             if turns > 1:
-                level.samples.extend(await converse(port, prompts, i * turns, turns, max_tokens))
+                level.samples.extend(await converse(port, prompts, i, turns, max_tokens))
             else:
                 level.samples.append(await stream_chat(port, chat_body(prompts[i % len(prompts)].messages,
                                                                        max_tokens)))
@@ -145,12 +178,12 @@ def prefix_cache_counters(port: int) -> tuple[float, float]:
 
 
 def measure_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
-                  time_limit: float, turns: int = 1) -> Level:
+                  time_limit: float, turns: int = 1, first: int = 0) -> Level:
     queries, hits = prefix_cache_counters(port)
-    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit, turns))
+    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit, turns,
+                                  first))
     new_queries, new_hits = prefix_cache_counters(port)
-    if new_queries > queries:
-        level.prefix_hit_rate = (new_hits - hits) / (new_queries - queries)
+    level.prefix_queries, level.prefix_hits = new_queries - queries, new_hits - hits
     return level
 
 
@@ -205,7 +238,9 @@ def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency
             print(f"{c:>4} {method:<13} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
                   f"{speedup:>6.2f}x  {pct(ttft, .5):>6.0f} {pct(ttft, .9):>6.0f} {pct(ttft, .99):>7.0f}  "
                   f"{pct(tpot, .5):>6.1f} {pct(tpot, .9):>6.1f} {pct(tpot, .99):>7.1f}  "
-                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  {100 * lv.prefix_hit_rate:>5.0f}%")
+                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  {100 * lv.prefix_hit_rate:>5.0f}%"
+                  + (f"  rounds {' '.join(f'{a / b:.2f}x' for a, b in zip(lv.round_tok_s, base.round_tok_s))}"
+                     if len(lv.round_tok_s) > 1 else ""))
 
 
 def main() -> None:
@@ -221,6 +256,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--turns", type=int, default=1, help="user turns per conversation (> 1: multi-turn chats "
                         "sharing a system prompt, each turn a sample)")
+    parser.add_argument("--rounds", type=int, default=1, help="measurements per level, the methods' order "
+                        "reversed every other round, each round with other prompts")
     parser.add_argument("--time-limit", type=float, default=180.0, help="seconds per (level, method)")
     parser.add_argument("--log-dir", default=None, help="keep each server's log here as METHOD.log "
                         "(default: a temporary directory, deleted at the end)")
@@ -250,13 +287,16 @@ def main() -> None:
             print(f"{method}: speculative_config {spec}{' ' + ' '.join(extra) if extra else ''}")
         for method, (proc, port) in servers.items():
             wait_healthy(proc, port)
-            asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up
-        levels = {}
+            asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up: request 0
+        levels = {(c, method): Level() for c in args.concurrency for method in methods}
+        first = 1  # request 0 warmed the servers up
         for c in args.concurrency:
-            for method in methods:
-                num = max(c, args.min_requests)
-                levels[(c, method)] = measure_level(servers[method][1], prompts, c, num, args.max_tokens,
-                                                    args.time_limit, args.turns)
+            num = max(c, args.min_requests)
+            for r in range(args.rounds):
+                for method in methods if r % 2 == 0 else methods[::-1]:
+                    levels[(c, method)].add(measure_level(servers[method][1], prompts, c, num, args.max_tokens,
+                                                          args.time_limit, args.turns, first))
+                first += num
         report(levels, methods, args.concurrency)
         print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
