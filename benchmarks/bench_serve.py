@@ -9,8 +9,10 @@ prompts from ``draftwise.workloads``) until ``max(c, --min-requests)`` requests 
 requests/s, output tokens/s, speedup over ``none``, and percentiles of TTFT (time to the first
 content chunk), TPOT (per request: time after the first chunk / tokens after the first) and
 ITL (gaps between streamed chunks, vLLM's definition: a chunk may carry several tokens when
-drafts were accepted), and the level's prefix-cache hit rate (prompt tokens read from the cache,
-from the server's ``/metrics``). The client is a small stdlib SSE reader, to keep its CPU use low.
+drafts were accepted), and from the server's ``/metrics``: the level's prefix-cache hit rate
+(prompt tokens read from the cache), the mean acceptance length (1 + accepted drafts per
+verified draft) and the draft tokens verified per output token (how much speculation the
+draft-length policy kept). The client is a small stdlib SSE reader, to keep its CPU use low.
 
 With ``--turns T`` (> 1) each request is a conversation instead: a system prompt shared by all
 conversations, then ``T`` user turns (prompts of the workload), every turn resending the
@@ -44,6 +46,8 @@ from dataclasses import dataclass, field
 
 from draftwise.workloads import SYSTEM_PROMPT, load_workload
 
+COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts",
+            "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
 NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 
 
@@ -60,24 +64,23 @@ class Sample:
 class Level:
     samples: list[Sample] = field(default_factory=list)
     seconds: float = 0.0
-    prefix_queries: float = 0.0  # prompt tokens looked up in the prefix cache, this level
-    prefix_hits: float = 0.0  # of which served from it
+    counters: dict[str, float] = field(default_factory=dict)  # COUNTERS' increase during the level
     round_tok_s: list[float] = field(default_factory=list)  # tokens/s of each round pooled here
 
     @property
     def num_tokens(self) -> int:
         return sum(s.num_tokens for s in self.samples)
 
-    @property
-    def prefix_hit_rate(self) -> float:
-        return self.prefix_hits / self.prefix_queries if self.prefix_queries else float("nan")
+    def ratio(self, numerator: str, denominator: str) -> float:
+        den = self.counters.get(denominator, 0.0)
+        return self.counters.get(numerator, 0.0) / den if den else float("nan")
 
     def add(self, other: "Level") -> None:
         """Pool another round of the same level into this one."""
         self.samples.extend(other.samples)
         self.seconds += other.seconds
-        self.prefix_queries += other.prefix_queries
-        self.prefix_hits += other.prefix_hits
+        for name, value in other.counters.items():
+            self.counters[name] = self.counters.get(name, 0.0) + value
         self.round_tok_s.append(other.num_tokens / other.seconds)
 
 
@@ -165,25 +168,24 @@ async def run_level(port: int, prompts, concurrency: int, num_requests: int, max
     return level
 
 
-def prefix_cache_counters(port: int) -> tuple[float, float]:
-    """The server's prefix-cache (queries, hits) counters, in prompt tokens."""
+def server_counters(port: int) -> dict[str, float]:
+    """The server's ``COUNTERS`` (one series each: a single engine), 0 for those it has not written."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    values = {}
+    values = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
-        for name in ("queries", "hits"):
-            if line.startswith(f"vllm:prefix_cache_{name}_total"):
-                values[name] = float(line.split()[-1])
-    return values.get("queries", 0.0), values.get("hits", 0.0)
+        name = line.split("{")[0].split(" ")[0].removesuffix("_total")
+        if name in values:
+            values[name] = float(line.split()[-1])
+    return values
 
 
 def measure_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
                   time_limit: float, turns: int = 1, first: int = 0) -> Level:
-    queries, hits = prefix_cache_counters(port)
+    before = server_counters(port)
     level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit, turns,
                                   first))
-    new_queries, new_hits = prefix_cache_counters(port)
-    level.prefix_queries, level.prefix_hits = new_queries - queries, new_hits - hits
+    level.counters = {name: value - before[name] for name, value in server_counters(port).items()}
     return level
 
 
@@ -225,7 +227,8 @@ def pct(values: list[float], q: float) -> float:
 
 def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency: list[int]) -> None:
     print(f"{'conc':>4} {'method':<13} {'reqs':>4} {'req/s':>6} {'tok/s':>7} {'speedup':>7}  "
-          f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}  {'cached':>6}")
+          f"{'TTFT p50/p90/p99 (ms)':>22}  {'TPOT p50/p90/p99 (ms)':>22}  {'ITL p50/p99 (ms)':>16}  {'cached':>6}  "
+          f"{'acc len':>7} {'drafts/tok':>10}")
     for c in concurrency:
         base = levels[(c, methods[0])]
         for method in methods:
@@ -238,7 +241,10 @@ def report(levels: dict[tuple[int, str], Level], methods: list[str], concurrency
             print(f"{c:>4} {method:<13} {len(lv.samples):>4} {len(lv.samples) / lv.seconds:>6.2f} {tok_s:>7.1f} "
                   f"{speedup:>6.2f}x  {pct(ttft, .5):>6.0f} {pct(ttft, .9):>6.0f} {pct(ttft, .99):>7.0f}  "
                   f"{pct(tpot, .5):>6.1f} {pct(tpot, .9):>6.1f} {pct(tpot, .99):>7.1f}  "
-                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  {100 * lv.prefix_hit_rate:>5.0f}%"
+                  f"{pct(gaps, .5):>7.1f} {pct(gaps, .99):>7.1f}  "
+                  f"{100 * lv.ratio('vllm:prefix_cache_hits', 'vllm:prefix_cache_queries'):>5.0f}%  "
+                  f"{1 + lv.ratio('vllm:spec_decode_num_accepted_tokens', 'vllm:spec_decode_num_drafts'):>7.2f} "
+                  f"{lv.counters.get('vllm:spec_decode_num_draft_tokens', 0.0) / max(1, lv.num_tokens):>10.2f}"
                   + (f"  rounds {' '.join(f'{a / b:.2f}x' for a, b in zip(lv.round_tok_s, base.round_tok_s))}"
                      if len(lv.round_tok_s) > 1 else ""))
 

@@ -156,3 +156,16 @@ def test_serve_refuses_vllm_flags_that_cannot_work_here_saying_why(tiny_model_di
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and err.startswith("draftwise: error:"), err
     assert all(word in err for word in words), err
+
+
+def test_serve_json_flags_are_parsed_before_their_check(tiny_model_dir):
+    from draftwise.server.options import check_vllm_server_flags
+
+    def check(*argv):
+        check_vllm_server_flags(build_parser().parse_args(["serve", str(tiny_model_dir), *argv]))
+
+    check("--default-chat-template-kwargs", "{}")  # vLLM's default, given as JSON text
+    with pytest.raises(ValueError, match="default_chat_template_kwargs=.*not supported"):
+        check("--default-chat-template-kwargs", '{"enable_thinking": false}')
+    with pytest.raises(ValueError, match="default-chat-template-kwargs"):
+        check("--default-chat-template-kwargs", "{not json")

@@ -121,10 +121,17 @@ def parse_json_flags(values: dict) -> dict:
         if not isinstance(value, str):
             continue
         flag = "--" + name.replace("_", "-")
+        kind = _vllm_kind(name)
         if name == "compilation_config":
             out[name] = compilation_flag(value)
-        elif name in OWN_JSON_FLAGS or (name in VLLM_ENGINE_ARGS and VLLM_ENGINE_ARGS[name][1] == "dict"):
+        elif name in OWN_JSON_FLAGS or kind == "dict":
             out[name] = json_flag(flag, value)
-        elif name in VLLM_ENGINE_ARGS and VLLM_ENGINE_ARGS[name][1] == "any":
+        elif kind == "any":
             out[name] = _scalar(value)
     return out
+
+
+def _vllm_kind(name: str):
+    """The kind vLLM gives ``name`` (an engine or a server argument), None for none of vLLM's."""
+    entry = VLLM_ENGINE_ARGS.get(name) or VLLM_FRONTEND_ARGS.get(name)
+    return entry[1] if entry else None

@@ -27,7 +27,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from ..engine.engine_flags import add_vllm_flags
+from ..engine.engine_flags import add_vllm_flags, parse_json_flags
 from ..engine.vllm_arg_table import VLLM_FRONTEND_ARGS
 from ..engine.vllm_args import log_noops, resolve_vllm_args
 
@@ -99,4 +99,5 @@ def add_vllm_server_flags(parser: argparse.ArgumentParser) -> None:
 def check_vllm_server_flags(args: argparse.Namespace) -> None:
     """Refuse (``ValueError`` naming the flag and why) vLLM server flags that cannot work here; log
     the no-ops."""
-    log_noops(resolve_vllm_args({name: getattr(args, name) for name in vllm_server_flag_names()}, frontend=True))
+    values = parse_json_flags({name: getattr(args, name) for name in vllm_server_flag_names()})
+    log_noops(resolve_vllm_args(values, frontend=True))
