@@ -105,13 +105,29 @@ def test_policy_learns_from_verified_drafts_and_probes_again():
     start = policy.limits([seq], [8], 1)[0]
     assert 0 < start < 8  # the prior (0.5) is worth a short draft
     for _ in range(10):
-        DraftLengthPolicy.observe(seq, 4, 0)
+        policy.observe(seq, 4, 0)
     assert policy.limits([seq], [8], 1) == [0]
     probes = [policy.limits([seq], [8], 1)[0] for _ in range(40)]  # withheld steps fade the evidence
     assert probes[0] == 0 and max(probes) > 0
     for _ in range(20):
-        DraftLengthPolicy.observe(seq, 8, 8)
+        policy.observe(seq, 8, 8)
     assert policy.limits([seq], [8], 1) == [8]
+
+
+def test_new_sequences_start_at_what_the_method_achieves():
+    """The prior follows every verified draft: after other sequences' drafts failed, a new sequence
+    in a batch where a row costs a third of a token gets none; after they succeeded, it drafts."""
+    policy = _linear(0.35)
+    fresh = lambda i: Sequence(f"n{i}", 100 + i, [1, 2, 3], SamplingParams(), 0, 0.0)  # noqa: E731
+    assert policy.limits([fresh(0)], [4], 1)[0] > 0  # PRIOR (0.5) pays for a row costing 0.35
+    for i in range(30):
+        policy.observe(fresh(1), 2, 0)  # other sequences: every first draft rejected
+    assert policy.prior < 0.1 and policy.limits([fresh(2)], [4], 1) == [0]
+    probes = [policy.limits([fresh(2)], [4], 1)[0] for _ in range(1000)]  # withheld steps fade it back
+    assert probes[0] == 0 and max(probes) > 0
+    for i in range(300):
+        policy.observe(fresh(3), 4, 4)
+    assert policy.prior > 0.9 and policy.limits([fresh(4)], [4], 1) == [4]
 
 
 def test_confident_prefix_is_kept_and_doubtful_tail_cut():

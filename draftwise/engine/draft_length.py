@@ -15,7 +15,12 @@ whole batch with two estimates:
   (a decayed count of its verified drafts, ``accepted / tried``, pulled towards
   ``PRIOR`` by ``PSEUDO`` pseudo-trials; steps in which a sequence got no
   drafts decay its counts slowly, so a sequence whose drafts failed is probed
-  again after a while). Proposers that estimate it per draft
+  again after a while). A sequence that has verified nothing yet starts at the
+  policy's ``prior`` instead: what the method achieves on this traffic, the
+  decayed acceptance of every verified draft of every sequence (from
+  ``PRIOR``; steps that withhold drafts fade it back towards ``PRIOR`` too).
+  With a fixed 0.5, ngram on chat, which accepts ~35-40%, gave every new
+  sequence drafts that a 32-sequence batch could not pay for. Proposers that estimate it per draft
   (``DraftBatch.confidence``) refine the choice once their drafts are known.
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
@@ -42,8 +47,10 @@ import numpy as np
 from ..sequence import Sequence
 from .step_cost import StepCostModel
 
-PRIOR = 0.5  # acceptance assumed before a sequence has verified anything
-PSEUDO = 1.0  # weight of the prior, in trials
+PRIOR = 0.5  # acceptance assumed before any draft was verified
+PRIOR_PSEUDO = 4.0  # weight of PRIOR in the policy's prior, in trials
+PRIOR_DECAY = 0.995  # per verified draft of any sequence, and per step that withheld drafts
+PSEUDO = 1.0  # weight of the policy's prior in a sequence's estimate, in trials
 DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
 WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed again after ~40 steps
 
@@ -57,6 +64,8 @@ def _free(depth: int) -> float:
 class DraftLengthPolicy:
     def __init__(self, step_cost: StepCostModel):
         self.step_cost = step_cost
+        self.accepted = 0.0  # decayed accepted drafts, over every sequence
+        self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
 
     @property
     def prices_rows(self) -> bool:
@@ -71,10 +80,15 @@ class DraftLengthPolicy:
             return list(max_num_drafts)
         gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
         chosen = self.allocate(gains, num_base_rows, drafting_seconds)
+        withheld = False
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
                 seq.draft_accepted *= WITHHELD_DECAY
                 seq.draft_tried *= WITHHELD_DECAY
+                withheld = True
+        if withheld:
+            self.accepted *= PRIOR_DECAY
+            self.tried *= PRIOR_DECAY
         return chosen
 
     def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int) -> list[int]:
@@ -106,16 +120,22 @@ class DraftLengthPolicy:
             chosen[i] += 1
         return chosen
 
-    @staticmethod
-    def alpha(seq: Sequence) -> float:
-        return (seq.draft_accepted + PRIOR * PSEUDO) / (seq.draft_tried + PSEUDO)
+    @property
+    def prior(self) -> float:
+        """The acceptance rate of a sequence that has verified nothing yet: the method's own so far."""
+        return (self.accepted + PRIOR * PRIOR_PSEUDO) / (self.tried + PRIOR_PSEUDO)
 
-    @staticmethod
-    def observe(seq: Sequence, num_drafts: int, num_accepted: int) -> None:
+    def alpha(self, seq: Sequence) -> float:
+        prior = self.prior if seq.draft_tried == 0.0 else PRIOR  # new: the method's own; known: probe again
+        return (seq.draft_accepted + prior * PSEUDO) / (seq.draft_tried + PSEUDO)
+
+    def observe(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """Record one verified draft: ``num_accepted`` of ``num_drafts`` tokens accepted."""
         tried = num_accepted + (1 if num_accepted < num_drafts else 0)
         seq.draft_accepted = DECAY * seq.draft_accepted + num_accepted
         seq.draft_tried = DECAY * seq.draft_tried + tried
+        self.accepted = PRIOR_DECAY * self.accepted + num_accepted
+        self.tried = PRIOR_DECAY * self.tried + tried
 
 
 def _geometric(alpha: float, num: int) -> list[float]:
