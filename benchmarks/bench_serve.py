@@ -44,6 +44,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from draftwise.workloads import SYSTEM_PROMPT, load_workload
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts",
@@ -169,14 +171,13 @@ async def run_level(port: int, prompts, concurrency: int, num_requests: int, max
 
 
 def server_counters(port: int) -> dict[str, float]:
-    """The server's ``COUNTERS`` (one series each: a single engine), 0 for those it has not written."""
+    """The server's ``COUNTERS``, summed over their series, 0 for those it has not written."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
     values = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0].removesuffix("_total")
-        if name in values:
-            values[name] = float(line.split()[-1])
+    for family in text_string_to_metric_families(text):
+        if family.name in values:
+            values[family.name] = sum(s.value for s in family.samples if s.name == family.name + "_total")
     return values
 
 
