@@ -20,8 +20,9 @@ whole batch with two estimates:
   decayed acceptance of every verified draft of every sequence (from
   ``PRIOR``; steps that withhold drafts fade it back towards ``PRIOR`` too).
   With a fixed 0.5, ngram on chat, which accepts ~35-40%, gave every new
-  sequence drafts that a 32-sequence batch could not pay for. Proposers that estimate it per draft
-  (``DraftBatch.confidence``) refine the choice once their drafts are known.
+  sequence drafts that a 32-sequence batch could not pay for. Proposers that
+  estimate it per draft (``DraftBatch.confidence``) refine the choice once
+  their drafts are known.
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows
