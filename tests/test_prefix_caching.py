@@ -143,9 +143,10 @@ def test_every_method_with_caching_equals_plain(method, tiny_model_dir, spec_dir
 
 def _drafter_kv_after_prefill(llm, token_ids) -> tuple[torch.Tensor, int]:
     """The drafter's K/V of every position it holds once ``token_ids`` has been prefilled (a
-    prefill step and its proposal), and the prompt tokens found in the cache."""
+    prefill step and its proposal), and the prompt tokens found in the cache. The probe has room to
+    draft, so the drafter ingests its prompt at once (rows of a sequence that drafts nothing wait)."""
     engine = llm.llm_engine
-    engine.add_request("probe", {"prompt_token_ids": token_ids}, greedy(2))
+    engine.add_request("probe", {"prompt_token_ids": token_ids}, greedy(8))
     seq = engine.requests["probe"].seqs[0]
     for _ in range(3):
         if seq.drafter_num_computed_tokens >= len(token_ids) - 1:

@@ -35,8 +35,11 @@ from torch import nn
 
 from ..layers.attention import AttentionMetadata
 from ..paged import ForwardInput, KVCacheSpec, prepare_batch
-from .forward_timer import ForwardTimer
+from .forward_timer import ForwardTimer, RowsTimer
 from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
+from .pending_rows import PendingRows
+
+MAX_PENDING_ROWS = 64  # a sequence that does not draft is ingested once this many of its rows wait
 
 
 @dataclass
@@ -92,10 +95,16 @@ class ChainProposer(Proposer):
     def __init__(self, config, target):
         super().__init__(config, target)
         self.chain_timer = ForwardTimer()  # one chain step (a forward of the drafting sequences)
+        self.ingest_timer = RowsTimer()  # an ingestion forward, by rows (what drafting at all costs a step)
+        self.num_seqs = 1  # sequences of the last batch: the rows of a drafting step's ingestion
+        self.pending = PendingRows(MAX_PENDING_ROWS)
 
     def drafting_seconds(self, depth: int) -> float:
-        """The first draft comes from the ingested row; each further one is a chain step."""
-        return max(0, depth - 1) * self.chain_timer.seconds
+        """The first draft comes from the ingested rows (a forward that runs only if someone drafts);
+        each further one is a chain step."""
+        if depth == 0:
+            return 0.0
+        return self.ingest_timer.seconds(self.num_seqs) + (depth - 1) * self.chain_timer.seconds
 
     def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
         """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
@@ -109,13 +118,16 @@ class ChainProposer(Proposer):
 
     def on_finished(self, seq) -> None:
         self.model.release(seq.seq_id)
+        self.pending.drop(seq.seq_id)
 
     def tracked_seq_ids(self) -> set[int]:
-        return self.model.tracked()
+        return self.model.tracked() | self.pending.seq_ids()
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
-        last = self._ingest(batch.target_hidden) if batch.target_hidden is not None else {}
+        drafting = {seq.seq_id for seq, limit in zip(batch.seqs, batch.max_num_drafts) if limit > 0}
+        self.num_seqs = max(1, len(batch.seqs))
+        last = self._ingest(batch.target_hidden, drafting) if batch.target_hidden is not None else {}
         limits = [limit if seq.seq_id in last else 0 for seq, limit in zip(batch.seqs, batch.max_num_drafts)]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         rows = [i for i, limit in enumerate(limits) if limit > 0]
@@ -124,39 +136,79 @@ class ChainProposer(Proposer):
             self._chain(batch.seqs, rows, limits, hidden, drafts)
         return DraftBatch.from_lists(drafts)
 
-    def _ingest(self, target: TargetHidden) -> dict[int, torch.Tensor]:
-        """Run the drafter over this step's new target rows; the output at ``num_tokens - 2`` per sequence."""
-        prepared = self.ingest_batch(target)
+    def _ingest(self, target: TargetHidden, drafting: set[int]) -> dict[int, torch.Tensor]:
+        """Run the drafter over the new target rows of the sequences in ``drafting`` (and of those
+        whose waiting rows reached the cap); the output at ``num_tokens - 2`` per sequence."""
+        prepared = self.ingest_batch(target, drafting)
         if prepared is None:
             return {}
         batch, seqs = prepared
-        out = self.model.ingest(batch, self.kv_cache)
+        with self.ingest_timer.timing(len(batch.token_ids)):
+            out = self.model.ingest(batch, self.kv_cache)
         return {seq.seq_id: out[batch.cu_num_rows[j + 1] - 1] for j, seq in enumerate(seqs)
                 if seq.drafter_num_computed_tokens == seq.num_tokens - 1}
 
-    def ingest_batch(self, target: TargetHidden) -> tuple[IngestBatch, list] | None:
-        """The rows to ingest this step (and their sequences, whose drafter position advances), or None."""
-        inputs, rows, seqs = [], [], []
+    def ingest_batch(self, target: TargetHidden, drafting: set[int] | None = None
+                     ) -> tuple[IngestBatch, list] | None:
+        """The rows to ingest this step (and their sequences, whose drafter position advances), or None.
+        With ``drafting`` (sequence ids), the new rows of the other sequences wait in ``pending``
+        (see ``pending_rows.py``) until they draft or ``pending.max_rows`` pile up."""
+        inputs, seqs, parts, rows = [], [], [], []  # parts: per ingested sequence, its waiting pieces
+        waiting = []  # (sequence, first position of its new rows, new rows) that wait
         for i, seq in enumerate(target.seqs):
             if seq.is_finished:
                 continue
             start, first_row = target.starts[i], target.cu_num_tokens[i]
             done = seq.drafter_num_computed_tokens
+            have = done + self.pending.count(seq.seq_id, done)  # positions ingested or waiting
             end = min(start + target.cu_num_tokens[i + 1] - first_row, seq.num_tokens - 1)
-            if done < start:
-                raise RuntimeError(f"{self.method} drafter of {seq} saw positions < {done}, but the target "
+            if have < start:
+                raise RuntimeError(f"{self.method} drafter of {seq} saw positions < {have}, but the target "
                                    f"rows of this step start at {start}")
-            if end > done:
+            new_rows = range(first_row + have - start, first_row + end - start)
+            if drafting is not None and seq.seq_id not in drafting and end - done < self.pending.max_rows:
+                if len(new_rows):
+                    waiting.append((seq, have, new_rows))
+            elif end > done:
                 inputs.append(ForwardInput(seq.all_token_ids[done + 1:end + 1], done, seq.block_ids))
-                rows.extend(range(first_row + done - start, first_row + end - start))
+                parts.append(self.pending.take(seq.seq_id))
+                rows.extend(new_rows)
+                parts[-1].append(len(new_rows))  # (replaced by the new rows' features below)
                 seqs.append(seq)
+        self._keep_waiting(target, waiting)
         if not inputs:
             return None
         ids, pos, meta, cu = self._prepare(inputs)
-        features = self.target_features(target, torch.tensor(rows, device=target.hidden_states.device))
+        features = self._assemble(parts, self.target_features(target, self._rows_tensor(target, rows)))
         for seq, item in zip(seqs, inputs):
             seq.drafter_num_computed_tokens = item.start + len(item.token_ids)
         return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
+
+    def _keep_waiting(self, target: TargetHidden, waiting: list) -> None:
+        """Gather the features of the rows that wait (one gather) into ``pending``."""
+        if not waiting:
+            return
+        rows = [r for _, _, new_rows in waiting for r in new_rows]
+        features = self.target_features(target, self._rows_tensor(target, rows))  # [num_rows, feature_size]
+        offset = 0
+        for seq, have, new_rows in waiting:
+            self.pending.add(seq.seq_id, seq.drafter_num_computed_tokens, features[offset:offset + len(new_rows)])
+            offset += len(new_rows)
+
+    @staticmethod
+    def _assemble(parts: list[list], features: torch.Tensor) -> torch.Tensor:
+        """[num_rows, feature_size]: per sequence its waiting pieces, then its share of ``features``
+        (the new rows, in sequence order; each part ends with their count)."""
+        pieces, offset = [], 0
+        for part in parts:
+            pieces.extend(part[:-1])
+            pieces.append(features[offset:offset + part[-1]])
+            offset += part[-1]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    @staticmethod
+    def _rows_tensor(target: TargetHidden, rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.int64, device=target.hidden_states.device)
 
     def _prepare(self, inputs: list[ForwardInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """``prepare_batch`` with the attention kernel the target's plan picks for each sequence's

@@ -118,13 +118,15 @@ class DFlashProposer(ChainProposer):
         self.block_timer = ForwardTimer()
 
     def drafting_seconds(self, depth: int) -> float:
-        """One forward drafts the whole block, whatever its depth."""
-        return self.block_timer.seconds if depth > 0 else 0.0
+        """One forward drafts the whole block, whatever its depth (after the context is written)."""
+        return self.ingest_timer.seconds(self.num_seqs) + self.block_timer.seconds if depth > 0 else 0.0
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
+        self.num_seqs = max(1, len(batch.seqs))
         if batch.target_hidden is not None:
-            self._ingest(batch.target_hidden)
+            self._ingest(batch.target_hidden, {seq.seq_id for seq, limit in zip(batch.seqs, batch.max_num_drafts)
+                                               if limit > 0})
         rows = [i for i, (seq, limit) in enumerate(zip(batch.seqs, batch.max_num_drafts))
                 if limit > 0 and seq.drafter_num_computed_tokens == seq.num_tokens - 1]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
@@ -139,12 +141,15 @@ class DFlashProposer(ChainProposer):
                 drafts[i] = tokens[cu[n] + 1:cu[n + 1]]
         return DraftBatch.from_lists(drafts)
 
-    def _ingest(self, target: TargetHidden) -> None:
-        """Context K/V for the positions the target computed this step (up to ``num_tokens - 2``)."""
-        prepared = self.ingest_batch(target)
+    def _ingest(self, target: TargetHidden, drafting: set[int]) -> None:
+        """Context K/V for the positions the target computed (up to ``num_tokens - 2``) of the sequences
+        in ``drafting``; the other sequences' rows wait (``ChainProposer.ingest_batch``)."""
+        prepared = self.ingest_batch(target, drafting)
         if prepared is not None:
             batch, _ = prepared
-            self.model.write_context(batch.target_features, batch.positions, self.kv_cache, batch.meta.slot_mapping)
+            with self.ingest_timer.timing(len(batch.token_ids)):
+                self.model.write_context(batch.target_features, batch.positions, self.kv_cache,
+                                         batch.meta.slot_mapping)
 
 
 def _block_size(model: str) -> int | None:
