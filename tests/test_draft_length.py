@@ -107,7 +107,8 @@ def test_policy_learns_from_verified_drafts_and_probes_again():
     for _ in range(10):
         policy.observe(seq, 4, 0)
     assert policy.limits([seq], [8], 1) == [0]
-    probes = [policy.limits([seq], [8], 1)[0] for _ in range(40)]  # withheld steps fade the evidence
+    # Withheld steps fade the evidence (its failures are the method's too: both fade before a probe).
+    probes = [policy.limits([seq], [8], 1)[0] for _ in range(200)]
     assert probes[0] == 0 and max(probes) > 0
     for _ in range(20):
         policy.observe(seq, 8, 8)
@@ -128,6 +129,20 @@ def test_new_sequences_start_at_what_the_method_achieves():
     for i in range(300):
         policy.observe(fresh(3), 4, 4)
     assert policy.prior > 0.9 and policy.limits([fresh(4)], [4], 1) == [4]
+
+
+def test_a_failing_sequence_is_probed_sooner_where_the_method_succeeds():
+    """A sequence whose drafts failed fades back to the method's own acceptance (at most PRIOR): where
+    other sequences' drafts succeed it is probed again sooner than where every draft fails."""
+    def first_probe(others_accept: bool) -> int:
+        policy = _linear(0.15)
+        seq = Sequence("r", 0, [1, 2, 3], SamplingParams(), 0, 0.0)
+        for i in range(10):
+            policy.observe(seq, 4, 0)
+            policy.observe(Sequence(f"o{i}", 1 + i, [1], SamplingParams(), 0, 0.0), 4, 4 if others_accept else 0)
+        return next(step for step in range(1000) if policy.limits([seq], [8], 1)[0] > 0)
+
+    assert first_probe(others_accept=True) < first_probe(others_accept=False)
 
 
 def test_confident_prefix_is_kept_and_doubtful_tail_cut():
