@@ -7,10 +7,13 @@ cache in the shared paged pool), and its output predicts token ``p + 2``.
 Each engine step, ``ChainProposer.propose``:
 
 1. *Ingests* the target rows computed this step (``TargetHidden``): for every
-   scheduled sequence, positions ``[drafter_num_computed_tokens, end)`` where
-   ``end`` is the last position that has both a target hidden state and a next
-   token (rejected draft rows are never read: rollback is free). Prefill chunks
-   that sample nothing are ingested too. One batched drafter forward.
+   scheduled sequence that drafts this step, positions
+   ``[drafter_num_computed_tokens, end)`` where ``end`` is the last position
+   that has both a target hidden state and a next token (rejected draft rows
+   are never read: rollback is free). The rows of a sequence that gets no
+   drafts, prefill chunks included, wait in ``pending`` (``pending_rows.py``)
+   and join its next ingestion, or are ingested once ``MAX_PENDING_ROWS``
+   wait. One batched drafter forward, none when nobody drafts.
 2. *Drafts* a chain for each sequence that decodes next: the first draft
    comes from the ingested output at position ``num_tokens - 2``; step ``s``
    then runs at position ``num_tokens - 2 + s`` on draft ``s`` and the
@@ -153,8 +156,9 @@ class ChainProposer(Proposer):
         """The rows to ingest this step (and their sequences, whose drafter position advances), or None.
         With ``drafting`` (sequence ids), the new rows of the other sequences wait in ``pending``
         (see ``pending_rows.py``) until they draft or ``pending.max_rows`` pile up."""
-        inputs, seqs, parts, rows = [], [], [], []  # parts: per ingested sequence, its waiting pieces
-        waiting = []  # (sequence, first position of its new rows, new rows) that wait
+        inputs, seqs, rows = [], [], []
+        parts = []  # per ingested sequence: (its waiting pieces, how many new rows follow them)
+        waiting = []  # (sequence, its new rows) that wait
         for i, seq in enumerate(target.seqs):
             if seq.is_finished:
                 continue
@@ -168,12 +172,11 @@ class ChainProposer(Proposer):
             new_rows = range(first_row + have - start, first_row + end - start)
             if drafting is not None and seq.seq_id not in drafting and end - done < self.pending.max_rows:
                 if len(new_rows):
-                    waiting.append((seq, have, new_rows))
+                    waiting.append((seq, new_rows))
             elif end > done:
                 inputs.append(ForwardInput(seq.all_token_ids[done + 1:end + 1], done, seq.block_ids))
-                parts.append(self.pending.take(seq.seq_id))
+                parts.append((self.pending.take(seq.seq_id), len(new_rows)))
                 rows.extend(new_rows)
-                parts[-1].append(len(new_rows))  # (replaced by the new rows' features below)
                 seqs.append(seq)
         self._keep_waiting(target, waiting)
         if not inputs:
@@ -188,22 +191,23 @@ class ChainProposer(Proposer):
         """Gather the features of the rows that wait (one gather) into ``pending``."""
         if not waiting:
             return
-        rows = [r for _, _, new_rows in waiting for r in new_rows]
+        rows = [r for _, new_rows in waiting for r in new_rows]
         features = self.target_features(target, self._rows_tensor(target, rows))  # [num_rows, feature_size]
         offset = 0
-        for seq, have, new_rows in waiting:
+        for seq, new_rows in waiting:
             self.pending.add(seq.seq_id, seq.drafter_num_computed_tokens, features[offset:offset + len(new_rows)])
             offset += len(new_rows)
 
     @staticmethod
-    def _assemble(parts: list[list], features: torch.Tensor) -> torch.Tensor:
-        """[num_rows, feature_size]: per sequence its waiting pieces, then its share of ``features``
-        (the new rows, in sequence order; each part ends with their count)."""
+    def _assemble(parts: list[tuple[list[torch.Tensor], int]],
+                  features: torch.Tensor  # [num_new_rows, feature_size] the new rows, in sequence order
+                  ) -> torch.Tensor:  # [num_rows, feature_size]
+        """Per ingested sequence: its waiting pieces, then its share of ``features``."""
         pieces, offset = [], 0
-        for part in parts:
-            pieces.extend(part[:-1])
-            pieces.append(features[offset:offset + part[-1]])
-            offset += part[-1]
+        for waited, num_new in parts:
+            pieces.extend(waited)
+            pieces.append(features[offset:offset + num_new])
+            offset += num_new
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     @staticmethod
