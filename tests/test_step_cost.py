@@ -7,6 +7,7 @@ import random
 import pytest
 
 from draftwise import LLM
+from draftwise.engine.scheduler import Scheduler
 from draftwise.engine.step_cost import StepCostModel, knots, measure_step_seconds
 
 
@@ -120,3 +121,22 @@ def test_row_cost_env_fixes_the_model(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "cheap")
     with pytest.raises(ValueError, match="DRAFTWISE_VERIFY_ROW_COST='cheap'.*number >= 0"):
         LLM(model=str(tiny_model_dir), dtype="float32")
+
+
+def test_prefill_bound_holds_for_the_tail_of_mixed_steps():
+    """Steps mixing prefill with decodes that run 20-40% over the model's prediction raise the
+    scheduler's margin to about their 95th percentile, and the prefill a step may take shrinks;
+    a fixed model (units of a one-row step, not seconds) keeps the margin at 1."""
+    model = StepCostModel(512)
+    model.seed({1: 0.010, 64: 0.050, 512: 0.300})
+    scheduler = Scheduler(None, 8, 512, model, decode_stall_factor=3)
+    before = scheduler._prefill_budget(8, 512)
+    rng = random.Random(0)
+    for _ in range(400):
+        rows = rng.randrange(40, 120)
+        scheduler.observe_mixed_step(rows, model.seconds(rows) * rng.uniform(1.2, 1.4))
+    assert 1.3 < scheduler.prefill_margin < 1.45
+    assert scheduler._prefill_budget(8, 512) < before
+    fixed = Scheduler(None, 8, 512, StepCostModel.fixed(0.02, 512), decode_stall_factor=3)
+    fixed.observe_mixed_step(64, 5.0)
+    assert fixed.prefill_margin == 1.0

@@ -349,6 +349,8 @@ class LLMEngine:
         result = self.runner.execute(plan.scheduled, self.needs)
         seconds = time.perf_counter() - start
         if self._bounds_prefill:
+            if plan.mixes_prefill:
+                self.scheduler.observe_mixed_step(plan.num_batched_tokens, seconds)
             self.step_cost.observe(plan.num_batched_tokens, seconds)
         if self._prices_drafts and all(item.num_new_tokens == 1 and item.samples for item in plan.scheduled):
             self.decode_cost.observe(plan.num_batched_tokens, seconds)  # a step without prefill
