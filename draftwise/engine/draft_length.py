@@ -20,8 +20,9 @@ whole batch with two estimates:
   bundled head, accepting ~25% on code edits, was probed at 0.5 and verified
   drafts that 8 sequences could not pay for). A sequence that has verified
   nothing yet starts at the policy's ``prior``, uncapped: what the method
-  achieves on this traffic, the decayed acceptance of every verified draft of every sequence (from
-  ``PRIOR``; steps that withhold drafts fade it back towards ``PRIOR`` too).
+  achieves on this traffic, the decayed acceptance of every verified draft of
+  every sequence (from ``PRIOR``; steps that withhold drafts fade it back
+  towards ``PRIOR`` too).
   With a fixed 0.5, ngram on chat, which accepts ~35-40%, gave every new
   sequence drafts that a 32-sequence batch could not pay for. Proposers that
   estimate it per draft (``DraftBatch.confidence``) refine the choice once

@@ -352,7 +352,7 @@ class LLMEngine:
             if plan.mixes_prefill:
                 self.scheduler.observe_mixed_step(plan.num_batched_tokens, seconds)
             self.step_cost.observe(plan.num_batched_tokens, seconds)
-        if self._prices_drafts and all(item.num_new_tokens == 1 and item.samples for item in plan.scheduled):
+        if self._prices_drafts and all(item.decodes for item in plan.scheduled):
             self.decode_cost.observe(plan.num_batched_tokens, seconds)  # a step without prefill
         return result
 

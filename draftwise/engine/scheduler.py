@@ -49,6 +49,11 @@ class ScheduledSeq:
     spec_token_ids: list[int] = field(default_factory=list)  # drafts run after them, to verify
 
     @property
+    def decodes(self) -> bool:
+        """True for a decode: the sequence's last token (and drafts to verify), sampled this step."""
+        return self.num_new_tokens == 1 and self.samples
+
+    @property
     def num_scheduled_tokens(self) -> int:
         return self.num_new_tokens + len(self.spec_token_ids)
 
@@ -75,7 +80,7 @@ class SchedulerOutput:
     @property
     def mixes_prefill(self) -> bool:
         """True when prefill ran beside decoding sequences (the steps the prefill bound shapes)."""
-        decodes = [item.num_new_tokens == 1 and item.samples for item in self.scheduled]
+        decodes = [item.decodes for item in self.scheduled]
         return any(decodes) and not all(decodes)
 
 

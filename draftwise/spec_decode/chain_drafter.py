@@ -128,8 +128,7 @@ class ChainProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
-        drafting = {seq.seq_id for seq, limit in zip(batch.seqs, batch.max_num_drafts) if limit > 0}
-        self.num_seqs = max(1, len(batch.seqs))
+        drafting = self.drafting(batch)
         last = self._ingest(batch.target_hidden, drafting) if batch.target_hidden is not None else {}
         limits = [limit if seq.seq_id in last else 0 for seq, limit in zip(batch.seqs, batch.max_num_drafts)]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
@@ -138,6 +137,12 @@ class ChainProposer(Proposer):
             hidden = torch.stack([last[batch.seqs[i].seq_id] for i in rows])  # [num_rows, hidden]
             self._chain(batch.seqs, rows, limits, hidden, drafts)
         return DraftBatch.from_lists(drafts)
+
+    def drafting(self, batch: ProposeBatch) -> set[int]:
+        """Ids of the sequences that may draft this step (the others' rows wait). Remembers the batch's
+        size: the rows ``drafting_seconds`` prices a drafting step's ingestion at."""
+        self.num_seqs = max(1, len(batch.seqs))
+        return {seq.seq_id for seq, limit in zip(batch.seqs, batch.max_num_drafts) if limit > 0}
 
     def _ingest(self, target: TargetHidden, drafting: set[int]) -> dict[int, torch.Tensor]:
         """Run the drafter over the new target rows of the sequences in ``drafting`` (and of those
@@ -151,11 +156,10 @@ class ChainProposer(Proposer):
         return {seq.seq_id: out[batch.cu_num_rows[j + 1] - 1] for j, seq in enumerate(seqs)
                 if seq.drafter_num_computed_tokens == seq.num_tokens - 1}
 
-    def ingest_batch(self, target: TargetHidden, drafting: set[int] | None = None
-                     ) -> tuple[IngestBatch, list] | None:
+    def ingest_batch(self, target: TargetHidden, drafting: set[int]) -> tuple[IngestBatch, list] | None:
         """The rows to ingest this step (and their sequences, whose drafter position advances), or None.
-        With ``drafting`` (sequence ids), the new rows of the other sequences wait in ``pending``
-        (see ``pending_rows.py``) until they draft or ``pending.max_rows`` pile up."""
+        The new rows of sequences not in ``drafting`` (ids) wait in ``pending`` (see
+        ``pending_rows.py``) until they draft or ``pending.max_rows`` pile up."""
         inputs, seqs, rows = [], [], []
         parts = []  # per ingested sequence: (its waiting pieces, how many new rows follow them)
         waiting = []  # (sequence, its new rows) that wait
@@ -170,7 +174,7 @@ class ChainProposer(Proposer):
                 raise RuntimeError(f"{self.method} drafter of {seq} saw positions < {have}, but the target "
                                    f"rows of this step start at {start}")
             new_rows = range(first_row + have - start, first_row + end - start)
-            if drafting is not None and seq.seq_id not in drafting and end - done < self.pending.max_rows:
+            if seq.seq_id not in drafting and end - done < self.pending.max_rows:
                 if len(new_rows):
                     waiting.append((seq, new_rows))
             elif end > done:

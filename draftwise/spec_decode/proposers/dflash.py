@@ -123,10 +123,9 @@ class DFlashProposer(ChainProposer):
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
-        self.num_seqs = max(1, len(batch.seqs))
+        drafting = self.drafting(batch)
         if batch.target_hidden is not None:
-            self._ingest(batch.target_hidden, {seq.seq_id for seq, limit in zip(batch.seqs, batch.max_num_drafts)
-                                               if limit > 0})
+            self._ingest(batch.target_hidden, drafting)
         rows = [i for i, (seq, limit) in enumerate(zip(batch.seqs, batch.max_num_drafts))
                 if limit > 0 and seq.drafter_num_computed_tokens == seq.num_tokens - 1]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
