@@ -54,6 +54,7 @@ class Sequence:
         self.spec_token_ids: list[int] = []
         self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None (one-hot)
         self.drafter_num_computed_tokens = 0  # positions held by the proposer's own KV cache
+        self.drafter_blocked = False  # its cached prefix lacks the drafter's K/V: it decodes plainly
         self.num_drafts = 0  # steps that verified at least one draft of this sequence
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
@@ -66,6 +67,7 @@ class Sequence:
         self.spec_token_ids = []
         self.spec_probs = None
         self.drafter_num_computed_tokens = 0
+        self.drafter_blocked = False
 
     def num_draft_slots(self, max_model_len: int) -> int:
         """Drafts that fit before ``max_model_len`` and ``max_tokens``, leaving room for the token the

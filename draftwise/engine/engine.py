@@ -375,10 +375,10 @@ class LLMEngine:
             request = self.requests.get(scored.request_id)
             if request is not None:
                 self.output_processor.record_prompt_logprobs(request.prompt_logprobs, scored)
-        for item in plan.scheduled:  # their full computed blocks become shareable
-            self.block_manager.cache_computed(item.seq)
         if spec:  # before finished sequences are released: their last rows still count
             spec.propose(result)
+        for item in plan.scheduled:  # their full computed blocks become shareable (after the drafter ran)
+            self.block_manager.cache_computed(item.seq)
         self.structured.draft(result.seqs)  # the grammar's drafts, with or without a proposer
         for seq in finished:
             self._release(seq)

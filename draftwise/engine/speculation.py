@@ -16,7 +16,9 @@
    this batch (``draft_length.py``, priced by the engine's ``StepCostModel``)
    and the KV blocks it can get. A sequence whose length plus
    ``num_speculative_tokens`` would pass ``speculative_config["max_model_len"]``
-   (the drafter's context limit) gets no drafts: it decodes plainly.
+   (the drafter's context limit) gets no drafts: it decodes plainly, as does
+   one whose cached prefix lacks the drafter's K/V (``drafter_blocked``:
+   ``paged/block_manager.py``).
 """
 from __future__ import annotations
 
@@ -112,6 +114,8 @@ class Speculator:
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
 
     def _max_num_drafts(self, seq: Sequence) -> int:
+        if seq.drafter_blocked:
+            return 0
         drafter_limit = self.drafter_max_model_len
         if drafter_limit is not None and seq.num_tokens + self.num_spec_tokens > drafter_limit:
             return 0  # past the drafter's context limit: no drafts (as vLLM skips such sequences)

@@ -21,6 +21,21 @@ With prefix caching (``prefix_cache.py``) blocks are reference-counted:
 ``cache_computed`` publishes a sequence's full computed blocks, and a freed
 block keeps its cached content until ``ensure`` reuses it (free blocks are
 reused least recently freed first).
+
+A drafter that keeps K/V in the blocks (``drafter_kv``) may compute a
+sequence's positions later than the target does (a chain drafter ingests a
+sequence's rows only when it drafts: ``spec_decode/pending_rows.py``), so a
+block is published as soon as the target computed it and is marked
+``drafter_ready`` once the drafter computed it too (the drafter's K/V of a
+position depends only on the tokens, as the target's does). A sequence that
+finds cached blocks without the drafter's K/V cannot draft from them: the
+drafter would need the target's features there, which a hit does not
+compute. If that hole is at most ``DRAFTER_RECOMPUTE_TOKENS`` long the match
+stops at the drafter-ready blocks and the sequence computes the rest, for
+both; a longer hole is taken whole for the target and the sequence is
+``drafter_blocked``: it decodes plainly (its drafter would have been
+withheld on that traffic anyway: a long hole means the sequence that
+computed it drafted nothing for that long).
 """
 from __future__ import annotations
 
@@ -32,6 +47,8 @@ from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from .block_table import BlockTable
 from .prefix_cache import PrefixCache, block_keys
+
+DRAFTER_RECOMPUTE_TOKENS = 64  # a longer hole in the drafter's cached K/V is not recomputed: no drafts
 
 
 class BlockManager:
@@ -47,6 +64,8 @@ class BlockManager:
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
         self.drafter_kv = drafter_kv  # a drafter keeps K/V in the same blocks: share what it computed too
         self.key_lookahead = key_lookahead  # 1: that drafter's K/V at p reads token p + 1 (prefix_cache.py)
+        # per block: the drafter's K/V of every position in it is computed (prefix caching with drafter_kv)
+        self.drafter_ready = bytearray(num_blocks) if drafter_kv and enable_prefix_caching else None
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)
 
@@ -95,15 +114,25 @@ class BlockManager:
         keys = block_keys(seq.all_token_ids[:seq.num_tokens - 1 + self.key_lookahead], self.block_size,
                           lookahead=self.key_lookahead)
         blocks = self.prefix_cache.lookup(keys)
+        if self.drafter_ready is not None:
+            blocks = self._drafter_match(seq, blocks)
         for block_id in blocks:
             if self.ref_counts[block_id] == 0:
                 del self.free_block_ids[block_id]
             self.ref_counts[block_id] += 1
         seq.block_ids, seq.block_keys = blocks, keys[:len(blocks)]
         self.block_table.sync(seq)
-        if self.drafter_kv:  # the drafter's K/V of those blocks came along
-            seq.drafter_num_computed_tokens = len(blocks) * self.block_size
         return len(blocks) * self.block_size
+
+    def _drafter_match(self, seq: Sequence, blocks: list[int]) -> list[int]:
+        """The cached ``blocks`` a sequence takes, given which hold the drafter's K/V too (see the
+        module docstring); sets its drafter position and ``drafter_blocked``."""
+        ready = 0
+        while ready < len(blocks) and self.drafter_ready[blocks[ready]]:
+            ready += 1
+        seq.drafter_blocked = (len(blocks) - ready) * self.block_size > DRAFTER_RECOMPUTE_TOKENS
+        seq.drafter_num_computed_tokens = ready * self.block_size  # the drafter's K/V came along
+        return blocks if seq.drafter_blocked else blocks[:ready]
 
     def record_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
         """Count an admitted sequence's lookup; its first admission sets ``num_cached_tokens``."""
@@ -113,28 +142,49 @@ class BlockManager:
             seq.num_cached_tokens = min(num_hit_tokens, seq.num_prompt_tokens)
 
     def cache_computed(self, seq: Sequence) -> None:
-        """Publish ``seq``'s full blocks whose positions are all computed and final (by the drafter
-        too, when it keeps K/V in the blocks)."""
+        """Publish ``seq``'s full blocks whose positions are all computed and final, and mark those
+        the drafter computed too (when it keeps K/V in the blocks)."""
         if self.prefix_cache is None:
             return
-        computed = min(seq.num_computed_tokens, seq.num_tokens)
-        if self.drafter_kv:
-            computed = min(computed, seq.drafter_num_computed_tokens)
-        num_full = computed // self.block_size
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // self.block_size
+        if num_full > len(seq.block_keys):
+            self._publish(seq, num_full)
+        if self.drafter_ready is not None:
+            self._mark_drafter_ready(seq, min(num_full, seq.drafter_num_computed_tokens // self.block_size))
+
+    def _mark_drafter_ready(self, seq: Sequence, num_blocks: int) -> None:
+        """The drafter's K/V of ``seq``'s first ``num_blocks`` blocks is computed (marked from the
+        last back to the first already marked: a sequence's marks only grow)."""
+        i = num_blocks - 1
+        while i >= 0 and not self.drafter_ready[seq.block_ids[i]]:
+            self.drafter_ready[seq.block_ids[i]] = 1
+            if i < len(seq.block_keys):
+                self._offer(seq.block_keys[i], seq.block_ids[i])
+            i -= 1
+
+    def _offer(self, key: int, block_id: int) -> None:
+        """Cache ``block_id`` under ``key``, in place of a block cached for the same prefix without the
+        drafter's K/V if ``block_id`` has it (a hit on it then lets the sequence draft)."""
+        cached = self.prefix_cache.block_of(key)
+        replace = (cached is not None and self.drafter_ready is not None
+                   and self.drafter_ready[block_id] and not self.drafter_ready[cached])
+        self.prefix_cache.insert(key, block_id, replace)
+
+    def _publish(self, seq: Sequence, num_full: int) -> None:
         done = len(seq.block_keys)
-        if num_full <= done:
-            return
         parent = seq.block_keys[-1] if done else None
         keys = block_keys(seq.all_token_ids[:num_full * self.block_size + self.key_lookahead], self.block_size,
                           parent, done, self.key_lookahead)
         for i, key in enumerate(keys, start=done):
-            self.prefix_cache.insert(key, seq.block_ids[i])
+            self._offer(key, seq.block_ids[i])
         seq.block_keys.extend(keys)
 
     def _allocate(self) -> int:
         block_id, _ = self.free_block_ids.popitem(last=False)
         if self.prefix_cache is not None:
             self.prefix_cache.evict(block_id)
+        if self.drafter_ready is not None:
+            self.drafter_ready[block_id] = 0
         self.ref_counts[block_id] = 1
         return block_id
 

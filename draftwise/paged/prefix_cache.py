@@ -50,11 +50,21 @@ class PrefixCache:
             blocks.append(block)
         return blocks
 
-    def insert(self, key: int, block_id: int) -> None:
-        """Cache ``block_id`` under ``key`` unless another block already holds that prefix."""
-        if key not in self._block_of and block_id not in self._key_of:
-            self._block_of[key] = block_id
-            self._key_of[block_id] = key
+    def block_of(self, key: int) -> int | None:
+        return self._block_of.get(key)
+
+    def insert(self, key: int, block_id: int, replace: bool = False) -> None:
+        """Cache ``block_id`` under ``key`` unless another block already holds that prefix (with
+        ``replace``: in its place; the other block is then no longer found)."""
+        if block_id in self._key_of:
+            return
+        old = self._block_of.get(key)
+        if old is not None:
+            if not replace:
+                return
+            del self._key_of[old]
+        self._block_of[key] = block_id
+        self._key_of[block_id] = key
 
     def evict(self, block_id: int) -> None:
         """``block_id`` is about to hold other tokens: forget what it held."""

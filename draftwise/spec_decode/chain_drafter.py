@@ -13,7 +13,9 @@ Each engine step, ``ChainProposer.propose``:
    are never read: rollback is free). The rows of a sequence that gets no
    drafts, prefill chunks included, wait in ``pending`` (``pending_rows.py``)
    and join its next ingestion, or are ingested once ``MAX_PENDING_ROWS``
-   wait. One batched drafter forward, none when nobody drafts.
+   wait (a memory bound). One batched drafter forward, none when nobody
+   drafts. A ``drafter_blocked`` sequence (its cached prefix lacks the
+   drafter's K/V) is skipped: it never drafts.
 2. *Drafts* a chain for each sequence that decodes next: the first draft
    comes from the ingested output at position ``num_tokens - 2``; step ``s``
    then runs at position ``num_tokens - 2 + s`` on draft ``s`` and the
@@ -42,7 +44,7 @@ from .forward_timer import ForwardTimer, RowsTimer
 from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
 from .pending_rows import PendingRows
 
-MAX_PENDING_ROWS = 64  # a sequence that does not draft is ingested once this many of its rows wait
+MAX_PENDING_ROWS = 1024  # a sequence that does not draft is ingested once this many of its rows wait
 
 
 @dataclass
@@ -164,7 +166,7 @@ class ChainProposer(Proposer):
         parts = []  # per ingested sequence: (its waiting pieces, how many new rows follow them)
         waiting = []  # (sequence, its new rows) that wait
         for i, seq in enumerate(target.seqs):
-            if seq.is_finished:
+            if seq.is_finished or seq.drafter_blocked:
                 continue
             start, first_row = target.starts[i], target.cu_num_tokens[i]
             done = seq.drafter_num_computed_tokens

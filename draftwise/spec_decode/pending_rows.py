@@ -12,9 +12,10 @@ of a ~36 ms step of 8 sequences ingesting for nothing, most of its 0.89x.
 ``seq.drafter_num_computed_tokens`` on that the target computed but the drafter
 has not ingested; the proposer ingests them, with the step's new rows, in a
 step where the sequence drafts, or once ``max_rows`` have piled up (bounding
-the memory held, and how long the sequence's full blocks wait to enter the
-prefix cache, which takes a block only once the drafter computed it too).
-The drafts are the same either way: a position's K/V depends only on its
+the memory held: ``max_rows`` rows of ``feature_size`` values per sequence).
+The prefix cache does not wait for them: it publishes a block once the
+target computed it and marks it drafter-ready once the drafter did
+(``paged/block_manager.py``). The drafts are the same either way: a position's K/V depends only on its
 token and the target's features there.
 
 Entries are keyed by sequence id and remember the position they start at; one
