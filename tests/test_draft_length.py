@@ -9,7 +9,7 @@ import numpy as np
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.draft_length import DraftLengthPolicy
+from draftwise.engine.draft_length import PROBE_EVERY, DraftLengthPolicy
 from draftwise.engine.step_cost import StepCostModel
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
@@ -107,9 +107,10 @@ def test_policy_learns_from_verified_drafts_and_probes_again():
     for _ in range(10):
         policy.observe(seq, 4, 0)
     assert policy.limits([seq], [8], 1) == [0]
-    # Withheld steps fade the evidence (its failures are the method's too: both fade before a probe).
-    probes = [policy.limits([seq], [8], 1)[0] for _ in range(200)]
-    assert probes[0] == 0 and max(probes) > 0
+    # Its failures are the method's too, so fading its evidence does not help: a probe comes after
+    # PROBE_EVERY withheld steps, one draft.
+    probes = [policy.limits([seq], [8], 1)[0] for _ in range(2 * PROBE_EVERY)]
+    assert probes[0] == 0 and probes.count(1) == 2 and max(probes) == 1
     for _ in range(20):
         policy.observe(seq, 8, 8)
     assert policy.limits([seq], [8], 1) == [8]
@@ -124,8 +125,8 @@ def test_new_sequences_start_at_what_the_method_achieves():
     for i in range(30):
         policy.observe(fresh(1), 2, 0)  # other sequences: every first draft rejected
     assert policy.prior < 0.1 and policy.limits([fresh(2)], [4], 1) == [0]
-    probes = [policy.limits([fresh(2)], [4], 1)[0] for _ in range(1000)]  # withheld steps fade it back
-    assert probes[0] == 0 and max(probes) > 0
+    probes = [policy.limits([fresh(2)], [4], 1)[0] for _ in range(PROBE_EVERY)]  # then one probe
+    assert probes[0] == 0 and sorted(probes)[-2:] == [0, 1]  # one probe, of one draft
     for i in range(300):
         policy.observe(fresh(3), 4, 4)
     assert policy.prior > 0.9 and policy.limits([fresh(4)], [4], 1) == [4]
@@ -143,6 +144,23 @@ def test_a_failing_sequence_is_probed_sooner_where_the_method_succeeds():
         return next(step for step in range(1000) if policy.limits([seq], [8], 1)[0] > 0)
 
     assert first_probe(others_accept=True) < first_probe(others_accept=False)
+
+
+def test_a_withheld_batch_is_probed_one_sequence_at_a_time():
+    """Where no draft pays, every PROBE_EVERY steps the least known sequence gets one draft and the
+    others stay withheld; the method's prior does not drift back up meanwhile (no re-probe bursts)."""
+    policy = _linear(0.35)
+    for i in range(30):
+        policy.observe(Sequence(f"o{i}", 50 + i, [1], SamplingParams(), 0, 0.0), 2, 0)
+    prior = policy.prior
+    seqs = [Sequence(f"s{i}", i, [1, 2, 3], SamplingParams(), 0, 0.0) for i in range(8)]
+    for i, seq in enumerate(seqs):
+        seq.draft_tried = 0.1 if i == 5 else 1.0 + i
+    steps = [policy.limits(seqs, [4] * 8, 8) for _ in range(3 * PROBE_EVERY)]
+    probes = {n: chosen for n, chosen in enumerate(steps) if any(chosen)}
+    assert list(probes) == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
+    assert all(chosen == [0] * 5 + [1] + [0] * 2 for chosen in probes.values())
+    assert policy.prior == prior
 
 
 def test_confident_prefix_is_kept_and_doubtful_tail_cut():

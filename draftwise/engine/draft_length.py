@@ -21,12 +21,20 @@ whole batch with two estimates:
   drafts that 8 sequences could not pay for). A sequence that has verified
   nothing yet starts at the policy's ``prior``, uncapped: what the method
   achieves on this traffic, the decayed acceptance of every verified draft of
-  every sequence (from ``PRIOR``; steps that withhold drafts fade it back
-  towards ``PRIOR`` too).
+  every sequence (from ``PRIOR``).
   With a fixed 0.5, ngram on chat, which accepts ~35-40%, gave every new
   sequence drafts that a 32-sequence batch could not pay for. Proposers that
   estimate it per draft (``DraftBatch.confidence``) refine the choice once
   their drafts are known.
+
+Where nothing is worth drafting the estimates would stop learning, and a
+method that fails on some traffic would never be retried on other traffic.
+So after ``PROBE_EVERY`` steps in which every draft was withheld, one
+sequence, the one with the least evidence, gets a single draft: a probe
+costing one row (and, for a chain drafter, one catch-up ingestion), not the
+whole batch re-probed at once. (The prior used to fade back towards
+``PRIOR`` over withheld steps instead: EAGLE-3 at 8 code-edit clients then
+re-probed every new sequence at ~0.4 after a few hundred steps.)
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows
@@ -54,7 +62,8 @@ from .step_cost import StepCostModel
 
 PRIOR = 0.5  # acceptance assumed before any draft was verified
 PRIOR_PSEUDO = 4.0  # weight of PRIOR in the policy's prior, in trials
-PRIOR_DECAY = 0.995  # per verified draft of any sequence, and per step that withheld drafts
+PRIOR_DECAY = 0.995  # per verified draft of any sequence
+PROBE_EVERY = 100  # steps that withheld every draft before one sequence gets a probe
 PSEUDO = 1.0  # weight of the policy's prior in a sequence's estimate, in trials
 DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
 WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed again after ~40 steps
@@ -71,6 +80,7 @@ class DraftLengthPolicy:
         self.step_cost = step_cost
         self.accepted = 0.0  # decayed accepted drafts, over every sequence
         self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
+        self.idle_steps = 0  # steps in a row that withheld every draft
 
     @property
     def prices_rows(self) -> bool:
@@ -85,15 +95,18 @@ class DraftLengthPolicy:
             return list(max_num_drafts)
         gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
         chosen = self.allocate(gains, num_base_rows, drafting_seconds)
-        withheld = False
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
                 seq.draft_accepted *= WITHHELD_DECAY
                 seq.draft_tried *= WITHHELD_DECAY
-                withheld = True
-        if withheld:
-            self.accepted *= PRIOR_DECAY
-            self.tried *= PRIOR_DECAY
+        if any(chosen) or not any(max_num_drafts):
+            self.idle_steps = 0
+        else:
+            self.idle_steps += 1
+            if self.idle_steps >= PROBE_EVERY:
+                self.idle_steps = 0
+                candidates = [i for i, limit in enumerate(max_num_drafts) if limit > 0]
+                chosen[min(candidates, key=lambda i: seqs[i].draft_tried)] = 1  # the least known, one draft
         return chosen
 
     def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int) -> list[int]:
