@@ -30,9 +30,10 @@ whole batch with two estimates:
 Where nothing is worth drafting the estimates would stop learning, and a
 method that fails on some traffic would never be retried on other traffic.
 So after ``PROBE_EVERY`` steps in which every draft was withheld, one
-sequence, the one with the least evidence, gets a single draft: a probe
-costing one row (and, for a chain drafter, one catch-up ingestion), not the
-whole batch re-probed at once. (The prior used to fade back towards
+sequence gets a single draft: a probe costing one row (and, for a drafter
+with its own K/V, catching up on the positions it skipped: the sequence whose
+drafter lags least is probed, then the least known), not the whole batch
+re-probed at once. (The prior used to fade back towards
 ``PRIOR`` over withheld steps instead: EAGLE-3 at 8 code-edit clients then
 re-probed every new sequence at ~0.4 after a few hundred steps.)
 
@@ -106,7 +107,7 @@ class DraftLengthPolicy:
             if self.idle_steps >= PROBE_EVERY:
                 self.idle_steps = 0
                 candidates = [i for i, limit in enumerate(max_num_drafts) if limit > 0]
-                chosen[min(candidates, key=lambda i: seqs[i].draft_tried)] = 1  # the least known, one draft
+                chosen[min(candidates, key=lambda i: _probe_cost(seqs[i]))] = 1  # one draft
         return chosen
 
     def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int) -> list[int]:
@@ -155,6 +156,12 @@ class DraftLengthPolicy:
         seq.draft_tried = DECAY * seq.draft_tried + tried
         self.accepted = PRIOR_DECAY * self.accepted + num_accepted
         self.tried = PRIOR_DECAY * self.tried + tried
+
+
+def _probe_cost(seq: Sequence) -> tuple[int, float]:
+    """Which sequence to probe first: the one whose drafter lags least (a drafter keeping K/V catches
+    up on the positions it skipped before drafting), then the least known."""
+    return seq.num_tokens - seq.drafter_num_computed_tokens, seq.draft_tried
 
 
 def _geometric(alpha: float, num: int) -> list[float]:
