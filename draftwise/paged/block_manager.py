@@ -62,9 +62,9 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.block_table = BlockTable()  # every sequence's block ids, as one tensor
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
-        self.drafter_kv = drafter_kv  # a drafter keeps K/V in the same blocks: share what it computed too
         self.key_lookahead = key_lookahead  # 1: that drafter's K/V at p reads token p + 1 (prefix_cache.py)
-        # per block: the drafter's K/V of every position in it is computed (prefix caching with drafter_kv)
+        # per block: the drafter's K/V of every position in it is computed (prefix caching with drafter_kv:
+        # a drafter keeps K/V in the same blocks, shared along with the target's)
         self.drafter_ready = bytearray(num_blocks) if drafter_kv and enable_prefix_caching else None
         self.prefix_cache_queries = 0  # tokens of admitted sequences looked up (vLLM's prefix_cache_queries)
         self.prefix_cache_hits = 0  # of those, tokens found in the cache (prefix_cache_hits)

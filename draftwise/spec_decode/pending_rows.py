@@ -15,8 +15,8 @@ step where the sequence drafts, or once ``max_rows`` have piled up (bounding
 the memory held: ``max_rows`` rows of ``feature_size`` values per sequence).
 The prefix cache does not wait for them: it publishes a block once the
 target computed it and marks it drafter-ready once the drafter did
-(``paged/block_manager.py``). The drafts are the same either way: a position's K/V depends only on its
-token and the target's features there.
+(``paged/block_manager.py``). The drafts are the same either way: a
+position's K/V depends only on its token and the target's features there.
 
 Entries are keyed by sequence id and remember the position they start at; one
 whose start no longer matches the sequence's drafter position is stale and
