@@ -1,5 +1,6 @@
-"""The step-cost model: step time by rows, learned from noisy measured steps, following drift,
-never decreasing in rows; and its start-up seed, which leaves the KV cache as it found it."""
+"""The step-cost model: step time by rows and by the keys decode rows read, learned from noisy
+measured steps, following drift, never decreasing in rows; and its start-up seeds, which leave
+the KV cache as they found it."""
 from __future__ import annotations
 
 import random
@@ -7,8 +8,10 @@ import random
 import pytest
 
 from draftwise import LLM
-from draftwise.engine.scheduler import Scheduler
-from draftwise.engine.step_cost import StepCostModel, knots, measure_step_seconds
+from draftwise.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from draftwise.engine.step_cost import StepCostModel, decode_keys, knots, measure_key_seconds, measure_step_seconds
+from draftwise.sampling_params import SamplingParams
+from draftwise.sequence import Sequence
 
 
 def _truth(rows: int) -> float:
@@ -140,3 +143,81 @@ def test_prefill_bound_holds_for_the_tail_of_mixed_steps():
     fixed = Scheduler(None, 8, 512, StepCostModel.fixed(0.02, 512), decode_stall_factor=3)
     fixed.observe_mixed_step(64, 5.0)
     assert fixed.prefill_margin == 1.0
+
+
+KEY_SECONDS = 2e-6  # a 2-core CPU with SmolLM2: ~2 ms per 1000 keys a decode row reads
+
+
+def _decode_step(rows: int, keys: int) -> float:
+    """Rows nearly free (a bf16 CPU at a short context), each key read 2 us."""
+    return 0.021 + 0.0005 * (rows - 1) + KEY_SECONDS * keys
+
+
+def test_keys_read_are_priced_and_the_rows_learned_without_them():
+    """Decode steps of 8 sequences at contexts from 100 to 3000 tokens: the model predicts each step
+    from its keys, and a draft row of a long sequence costs its keys, not a short context's row."""
+    model = StepCostModel(256)
+    model.seed({1: 0.021, 8: 0.0245, 64: 0.052}, key_seconds=KEY_SECONDS)
+    rng = random.Random(0)
+    for _ in range(600):
+        rows = rng.choice([8, 8, 9, 10, 12])
+        keys = rows * rng.randint(100, 3000)
+        model.observe(rows, _decode_step(rows, keys) * rng.uniform(0.9, 1.1), keys)
+    for rows, context in ((8, 128), (8, 3000), (12, 1500)):
+        assert model.seconds(rows, rows * context) == pytest.approx(_decode_step(rows, rows * context), rel=0.1)
+    draft = model.seconds(9, 9 * 3000) - model.seconds(8, 8 * 3000)
+    assert draft == pytest.approx(0.0005 + 3000 * KEY_SECONDS, rel=0.15)  # ~6.5 ms, not ~0.5 ms
+    assert model.key_cost == pytest.approx(KEY_SECONDS, rel=0.1)
+
+
+def test_key_cost_follows_a_machine_that_gets_slower():
+    model = StepCostModel(64)
+    model.seed({1: 0.021, 8: 0.0245}, key_seconds=KEY_SECONDS)
+    for _ in range(300):
+        model.observe(8, 1.5 * _decode_step(8, 8 * 2000), 8 * 2000)
+    assert model.key_cost == pytest.approx(1.5 * KEY_SECONDS, rel=0.05)
+    assert model.seconds(8, 8 * 500) == pytest.approx(1.5 * _decode_step(8, 8 * 500), rel=0.1)
+
+
+def test_without_a_key_seed_keys_change_nothing():
+    model = StepCostModel(64)
+    model.seed({1: 0.010, 8: 0.012})
+    model.observe(8, 0.050, 8 * 3000)
+    assert model.key_cost == 0.0 and model.seconds(8, 0) == model.seconds(8, 10 ** 6)
+    assert StepCostModel.fixed(0.5, 64).seconds(2, 10 ** 6) == 1.5
+
+
+def test_key_cost_is_measured_and_frees_its_blocks(tiny_llm):
+    engine = tiny_llm.llm_engine
+    paged, blocks = engine.runner.paged, engine.block_manager
+    seconds = measure_key_seconds(paged, blocks, num_seqs=2, contexts=(16, 128))
+    assert 0.0 <= seconds < 1e-3 and blocks.num_free_blocks == blocks.num_blocks
+    assert measure_key_seconds(paged, blocks, contexts=(16, 24)) == 0.0  # too close to tell apart
+    too_many = blocks.num_blocks * blocks.block_size
+    assert measure_key_seconds(paged, blocks, num_seqs=2, contexts=(16, too_many)) == 0.0
+    assert blocks.num_free_blocks == blocks.num_blocks
+
+
+def test_keys_count_decode_rows_only():
+    """A decode with 2 drafts at context 40 and a plain decode at 10 read 3 * 43 + 11 keys; a
+    prefill chunk beside them reads none (its rows are priced by rows alone)."""
+    def seq(name: str, num_tokens: int, num_computed: int) -> Sequence:
+        s = Sequence(name, 0, list(range(num_tokens)), SamplingParams(), 0, 0.0)
+        s.num_computed_tokens = num_computed
+        return s
+    plan = SchedulerOutput([ScheduledSeq(seq("a", 41, 40), 1, [7, 8]), ScheduledSeq(seq("b", 11, 10), 1),
+                            ScheduledSeq(seq("c", 500, 100), 64)])
+    assert plan.num_decode_keys == 3 * 43 + 11 == decode_keys([43, 11], [3, 1])
+
+
+def test_prefill_bound_counts_the_decodes_keys():
+    """Decodes at long contexts make a longer step, so the same stall factor admits more prefill
+    rows beside them, and a step predicted with their keys is not mistaken for a slow one."""
+    model = StepCostModel(512)
+    model.seed({1: 0.010, 64: 0.050, 512: 0.300}, key_seconds=KEY_SECONDS)
+    scheduler = Scheduler(None, 8, 512, model, decode_stall_factor=3)
+    short, long = scheduler._prefill_budget(8, 512, 8 * 100), scheduler._prefill_budget(8, 512, 8 * 3000)
+    assert long > short
+    for _ in range(200):
+        scheduler.observe_mixed_step(72, model.seconds(72, 8 * 3000), 8 * 3000)
+    assert scheduler.prefill_margin < 1.1

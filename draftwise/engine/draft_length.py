@@ -7,8 +7,10 @@ row costs nearly a token's worth of time, and drafts that will be rejected
 make decoding slower than plain. ``DraftLengthPolicy`` prices drafts for the
 whole batch with two estimates:
 
-* ``StepCostModel.seconds(num_rows)`` (``step_cost.py``): the time of a step
-  of that many rows, learned from the engine's own steps without prefill.
+* ``StepCostModel.seconds(num_rows, num_keys)`` (``step_cost.py``): the time
+  of a step of that many rows reading that many keys, learned from the
+  engine's own steps without prefill. Each row reads its sequence's whole
+  context, so a draft of a long sequence costs more than one of a short one.
 * the expected gain of each draft: the chance that it and every draft before
   it are accepted. By default ``alpha ** (j + 1)`` for a sequence's
   ``(j + 1)``-th draft, where ``alpha`` is the sequence's own acceptance rate
@@ -39,13 +41,14 @@ re-probed every new sequence at ~0.4 after a few hundred steps.)
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows
-(those decodes) cost ``seconds(base)``; adding the
-``m`` drafts with the largest gains yields ``sum(gains)`` more tokens for
-``seconds(base + m)`` plus the proposer's own time to draft that deep
-(``Proposer.drafting_seconds(depth)``, measured: a model-based drafter runs a
-forward per draft, which at one request can cost more than the rows). Since a
-sequence's gains shrink with depth, the best set of ``m`` drafts is the ``m``
-largest gains, and the best ``m`` is found in one pass. With one sequence this
+(those decodes) cost ``seconds(base, keys)``; adding ``m`` drafts yields
+``sum(gains)`` more tokens for ``seconds(base + m, keys + their keys)`` plus
+the proposer's own time to draft that deep (``Proposer.drafting_seconds(depth)``,
+measured: a model-based drafter runs a forward per draft, which at one request
+can cost more than the rows). Drafts are ranked by gain per second of their
+own (a row's share of the step plus its keys): a sequence's gains shrink and
+its keys grow with depth, so every prefix of the ranking holds a prefix of
+each sequence's drafts, and the best ``m`` is found in one pass. With one sequence this
 is the classic rule (draft ``k`` tokens while
 ``(1 + alpha + ... + alpha^k) / cost(1 + k)`` still rises); in a batch large
 enough that rows are not free, speculation steps aside on its own.
@@ -91,11 +94,11 @@ class DraftLengthPolicy:
     def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int,
                drafting_seconds: DraftingSeconds = _free) -> list[int]:
         """Cut each ``max_num_drafts[i]`` to what ``seqs[i]``'s acceptance rate makes worth
-        verifying in a step of ``num_base_rows`` rows before drafts."""
+        verifying in a step of ``num_base_rows`` rows before drafts (one decode row per sequence)."""
         if not self.prices_rows:
             return list(max_num_drafts)
         gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
-        chosen = self.allocate(gains, num_base_rows, drafting_seconds)
+        chosen = self.allocate(gains, num_base_rows, drafting_seconds, [seq.num_tokens for seq in seqs])
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
                 seq.draft_accepted *= WITHHELD_DECAY
@@ -110,34 +113,52 @@ class DraftLengthPolicy:
                 chosen[min(candidates, key=lambda i: _probe_cost(seqs[i]))] = 1  # one draft
         return chosen
 
-    def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int) -> list[int]:
+    def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int,
+            context_lens: list[int] | None = None) -> list[int]:
         """Cut proposed drafts to the prefixes worth verifying by the proposer's own ``confidence``
         (``confidence[i][j]``: its estimate that drafts 0..j of sequence i are all accepted)."""
         if not self.prices_rows:
             return list(num_drafts)
         # (the drafts exist: the time spent drafting them is not a reason to cut them)
-        return self.allocate([conf[:num] for conf, num in zip(confidence, num_drafts)], num_base_rows)
+        return self.allocate([conf[:num] for conf, num in zip(confidence, num_drafts)], num_base_rows,
+                             context_lens=context_lens)
 
-    def allocate(self, gains: list[list[float]], num_base_rows: int,
-                 drafting_seconds: DraftingSeconds = _free) -> list[int]:
+    def allocate(self, gains: list[list[float]], num_base_rows: int, drafting_seconds: DraftingSeconds = _free,
+                 context_lens: list[int] | None = None) -> list[int]:
         """Drafts per sequence that maximise expected tokens per second (see the module docstring).
         ``gains[i][j]``: expected tokens added by sequence i's (j + 1)-th draft, non-increasing in j.
         ``drafting_seconds(depth)``: the proposer's time to draft that deep (ignored by a fixed
-        model, whose unit is a one-row step, not seconds)."""
-        entries = sorted(((-g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row) if g > 0.0))
+        model, whose unit is a one-row step, not seconds). ``context_lens[i]``: the keys sequence i's
+        decode row reads (its draft j reads ``j + 1`` more); None: keys are not priced."""
+        lens = context_lens or [0] * len(gains)
+        entries = self._ranked(gains, lens, num_base_rows)  # [(gain, depth index j, sequence i)]
         chosen = [0] * len(gains)
         if not entries:
             return chosen
-        base_rows = max(1, num_base_rows)
-        seconds = self.step_cost.seconds_many(base_rows + np.arange(len(entries) + 1, dtype=np.float64))
+        rows = max(1, num_base_rows) + np.arange(len(entries) + 1, dtype=np.float64)
+        keys = sum(lens) + np.concatenate(([0.0], np.cumsum([lens[i] + j + 1 for _, j, i in entries])))
+        seconds = self.step_cost.seconds_many(rows, keys)
         if not self.step_cost.frozen:
             depths = np.maximum.accumulate([0] + [j + 1 for _, j, _ in entries])  # deepest draft of each prefix
             seconds = seconds + np.array([drafting_seconds(int(d)) for d in depths])
-        tokens = len(gains) - np.concatenate(([0.0], np.cumsum([e[0] for e in entries])))
+        tokens = len(gains) + np.concatenate(([0.0], np.cumsum([e[0] for e in entries])))
         best = int(np.argmax(tokens / seconds))  # the first of equal rates: fewer rows
         for _, _, i in entries[:best]:
             chosen[i] += 1
         return chosen
+
+    def _ranked(self, gains: list[list[float]], lens: list[int], num_base_rows: int) -> list[tuple[float, int, int]]:
+        """Every draft with a gain as ``(gain, j, i)``, best gain per second first: its row's share of
+        the step (the rows' mean slope over all of them) plus its keys. Ties go to shallower drafts,
+        so each sequence's drafts keep their order."""
+        entries = [(g, j, i) for i, row in enumerate(gains) for j, g in enumerate(row) if g > 0.0]
+        if not entries:
+            return []
+        cost, base = self.step_cost, max(1, num_base_rows)
+        row_slope = (cost.seconds(base + len(entries)) - cost.seconds(base)) / len(entries)
+        per_draft = [max(row_slope + cost.key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
+        order = sorted(range(len(entries)), key=lambda e: (-entries[e][0] / per_draft[e], entries[e][1], e))
+        return [entries[e] for e in order]
 
     @property
     def prior(self) -> float:

@@ -19,8 +19,9 @@ the next step verifies them in the same target forward that decodes, and
 Structured outputs (grammars compiled off the step loop, masks, grammar drafts with or without
 a ``Speculator``): ``structured_outputs.py``.
 
-Every step's forward is timed into ``StepCostModel``s (seeded at start-up):
-the one of steps without prefill prices rows for the draft-length policy, the
+Every step's forward is timed into ``StepCostModel``s (seeded at start-up), by
+its rows and the keys its decode rows read: the one of steps without prefill
+prices drafts for the draft-length policy, the
 one of every step (``decode_stall_factor``) bounds the prefill that joins a
 step while sequences decode.
 
@@ -68,7 +69,7 @@ from .prompt_input import tokenize_prompt
 from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
-from .step_cost import StepCostModel, fixed_row_cost, measure_step_seconds
+from .step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .structured_outputs import StructuredOutputs
 
 logger = logging.getLogger("draftwise")
@@ -185,8 +186,10 @@ class LLMEngine:
             limit = min(max_num_tokens, self.max_model_len - context_len)
             samples = measure_step_seconds(paged, self.block_manager, [r for r in (1, 2, k + 1, 16, 64, 256)
                                                                        if r <= limit], context_len)
+            key_seconds = measure_key_seconds(paged, self.block_manager,
+                                              contexts=(context_len, min(KEY_CONTEXTS[1], self.max_model_len - 1)))
             for model in models:
-                model.seed(samples)
+                model.seed(samples, key_seconds)
         return models
 
     @property
@@ -348,12 +351,13 @@ class LLMEngine:
         start = time.perf_counter()
         result = self.runner.execute(plan.scheduled, self.needs)
         seconds = time.perf_counter() - start
+        num_rows, num_keys = plan.num_batched_tokens, plan.num_decode_keys
         if self._bounds_prefill:
             if plan.mixes_prefill:
-                self.scheduler.observe_mixed_step(plan.num_batched_tokens, seconds)
-            self.step_cost.observe(plan.num_batched_tokens, seconds)
+                self.scheduler.observe_mixed_step(num_rows, seconds, num_keys)
+            self.step_cost.observe(num_rows, seconds, num_keys)
         if self._prices_drafts and all(item.decodes for item in plan.scheduled):
-            self.decode_cost.observe(plan.num_batched_tokens, seconds)  # a step without prefill
+            self.decode_cost.observe(num_rows, seconds, num_keys)  # a step without prefill
         return result
 
     def _apply(self, plan: SchedulerOutput, result: StepResult) -> list[str]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..paged import BlockManager
 from ..sequence import Sequence, SequenceStatus
 from .prompt_logprobs import scores_prompt
-from .step_cost import StepCostModel
+from .step_cost import StepCostModel, decode_keys
 
 MIN_PREFILL_CHUNK = 16  # prefill tokens a step may always take
 MARGIN_QUANTILE = 0.95  # the prefill bound holds for this share of mixed steps, not only on average
@@ -74,6 +74,13 @@ class SchedulerOutput:
         return sum(item.num_scheduled_tokens for item in self.scheduled)
 
     @property
+    def num_decode_keys(self) -> int:
+        """Keys the step's decode and verify rows read (``step_cost.decode_keys``; prefill rows left out)."""
+        items = [item for item in self.scheduled if item.decodes]
+        return decode_keys([item.seq.num_computed_tokens + item.num_scheduled_tokens for item in items],
+                           [item.num_scheduled_tokens for item in items])
+
+    @property
     def is_empty(self) -> bool:
         return not self.scheduled
 
@@ -107,8 +114,7 @@ class Scheduler:
         out = SchedulerOutput()
         decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens == 1]
         budget = self._schedule_running(decoding, self.max_num_batched_tokens, out)
-        num_decode_rows = out.num_batched_tokens
-        prefill = min(budget, self._prefill_budget(num_decode_rows, budget))
+        prefill = min(budget, self._prefill_budget(out.num_batched_tokens, budget, out.num_decode_keys))
         prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens > 1]
         prefill = self._schedule_running(prefilling, prefill, out)
         if not out.preempted:
@@ -134,16 +140,17 @@ class Scheduler:
             budget -= item.num_scheduled_tokens
         return budget
 
-    def _prefill_budget(self, num_decode_rows: int, budget: int) -> int:
-        """Prefill tokens that may join a step of ``num_decode_rows`` decode (and draft) rows."""
+    def _prefill_budget(self, num_decode_rows: int, budget: int, num_decode_keys: int = 0) -> int:
+        """Prefill tokens that may join a step of ``num_decode_rows`` decode (and draft) rows reading
+        ``num_decode_keys`` keys."""
         cost, factor = self.step_cost, self.decode_stall_factor
         if num_decode_rows == 0 or factor is None or cost is None or not cost.ready or cost.free:
             return budget
-        bound = factor * cost.seconds(num_decode_rows) / self.prefill_margin
-        within = cost.max_rows_within(bound, num_decode_rows + budget)
+        bound = factor * cost.seconds(num_decode_rows, num_decode_keys) / self.prefill_margin
+        within = cost.max_rows_within(bound, num_decode_rows + budget, num_decode_keys)
         return max(MIN_PREFILL_CHUNK, within - num_decode_rows)
 
-    def observe_mixed_step(self, num_rows: int, seconds: float) -> None:
+    def observe_mixed_step(self, num_rows: int, seconds: float, num_decode_keys: int = 0) -> None:
         """A step that ran prefill beside decodes took ``seconds`` (call before the step-cost model
         learns from it): ``prefill_margin`` follows the MARGIN_QUANTILE of actual / predicted time
         (a stochastic quantile estimate), so the bound holds for that share of such steps. A fixed
@@ -151,7 +158,7 @@ class Scheduler:
         cost = self.step_cost
         if cost is None or cost.frozen or not cost.ready:
             return
-        predicted = cost.seconds(num_rows)
+        predicted = cost.seconds(num_rows, num_decode_keys)
         if not predicted:
             return
         above = seconds / predicted > self.prefill_margin

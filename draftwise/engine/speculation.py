@@ -107,7 +107,7 @@ class Speculator:
             return
         nums = [min(num, limit) for num, limit in zip(drafts.num_draft_tokens, limits)]
         if drafts.confidence is not None:
-            nums = self.policy.cut(nums, drafts.confidence, num_base_rows)
+            nums = self.policy.cut(nums, drafts.confidence, num_base_rows, [seq.num_tokens for seq in seqs])
         token_rows = drafts.token_ids.tolist()
         for i, (seq, num) in enumerate(zip(seqs, nums)):
             seq.spec_token_ids = token_rows[i][:num]

@@ -1,4 +1,5 @@
-"""What a target step costs, as a function of the rows it runs, learned from the engine's own steps.
+"""What a target step costs, as a function of its rows and the keys its decode rows read, learned
+from the engine's own steps.
 
 Two decisions price rows against step time: how many drafts are worth verifying
 (``draft_length.py``: a draft pays when its expected accepted tokens outweigh
@@ -6,24 +7,37 @@ its rows' share of the step) and how much prefill may join a step while other
 sequences decode (``scheduler.py``: a prefill chunk must not stretch their
 inter-token gap). Both read one ``StepCostModel``:
 
-* ``seconds(num_rows)``: the predicted wall time of a step running
-  ``num_rows`` rows (tokens of every scheduled sequence, drafts included);
-  piecewise linear between knots at 1, 2, 3, 4, 6, 8, 12, 16, ... rows, made
-  non-decreasing, flat below the first known knot and extended with the
-  slope of the last two known knots beyond the last one.
-* ``observe(num_rows, seconds)``: one measured step. The two knots around
-  ``num_rows`` move towards the measurement (shifted along the current slope
-  to each knot), by the running mean of their evidence at first and then by
-  an exponential moving average, so the model follows load, context lengths
-  and thermal drift without trusting a single noisy step.
+* ``seconds(num_rows, num_keys)``: the predicted wall time of a step running
+  ``num_rows`` rows (tokens of every scheduled sequence, drafts included)
+  whose decode and verify rows read ``num_keys`` keys in all (each row reads
+  its sequence's whole context: ``decode_keys``). It is ``rows(num_rows) +
+  key_seconds * num_keys``. ``rows`` is piecewise linear between knots at 1,
+  2, 3, 4, 6, 8, 12, 16, ... rows, made non-decreasing, flat below the first
+  known knot and extended with the slope of the last two known knots beyond
+  the last one; ``key_seconds`` is measured at start-up.
+* ``observe(num_rows, seconds, num_keys)``: one measured step. The two knots
+  around ``num_rows`` move towards the measurement less its keys' share
+  (shifted along the current slope to each knot), by the running mean of
+  their evidence at first and then by an exponential moving average, so the
+  model follows load and thermal drift without trusting a single noisy step.
+
+Why keys: a decode row at a 3000-token context reads 3000 keys in each layer;
+on a 2-core CPU with SmolLM2 that is ~6 ms, more than the rest of its row.
+A model of rows alone, seeded at a short context, priced a draft row of a
+long sequence at a fraction of a millisecond: drafts looked free at 8
+sequences and EAGLE-3 drafted every step at 0.6x plain. Prefill rows (a
+chunk's attention runs another kernel, over a causal triangle) are priced by
+rows alone: their keys are left out of ``num_keys``.
 
 Start-up seeds it (``measure_step_seconds``: timed forwards of a throw-away
-sequence, the row counts interleaved so a busy moment hits them alike). The
-seed gives the curve's shape, a prior worth ``SEED_WEIGHT`` observations at
-each knot; its level follows the real steps (``drift``: how much slower or
-faster they run than the seed predicted, e.g. on the server's engine thread or
-with long contexts), so a knot that real steps never reach is still priced in
-today's units, and knots they reach are soon their own measurements. The
+sequence, the row counts interleaved so a busy moment hits them alike;
+``measure_key_seconds``: decode rows of a few throw-away sequences at a short
+and a long context). The seed gives the curve's shape, a prior worth
+``SEED_WEIGHT`` observations at each knot; its level follows the real steps
+(``drift``: how much slower or faster they run than the seed predicted, e.g.
+on the server's engine thread), so a knot that real steps never reach is
+still priced in today's units, and knots they reach are soon their own
+measurements; the key cost is the seed's scaled by ``drift``. The
 shape differs by machine (on an AVX2 CPU in fp32 the second row costs ~40% of
 a step, with AMX rows are nearly free up to dozens, on a GPU up to hundreds),
 which is why it is measured and never assumed.
@@ -35,6 +49,7 @@ tests use 0: rows are free, drafts are never cut and prefill is never held back)
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import time
 
@@ -46,6 +61,8 @@ from ..paged import ForwardInput
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error
 SEED_WEIGHT = 2.0  # the start-up seed counts as this many observations at each knot
+KEY_SEQS = 4  # sequences decoding one row each when the key cost is timed
+KEY_CONTEXTS = (128, 1024)  # the short and long contexts it is timed at
 
 
 def knots(max_rows: int) -> list[int]:
@@ -65,6 +82,7 @@ class StepCostModel:
         self.prior: list[float | None] = [None] * len(self.knots)  # the seed at each knot, None: unseeded
         self.drift = 1.0  # real steps' time / the seed's prediction (moving average)
         self.drift_count = 0.0
+        self.key_seconds = 0.0  # the seed's seconds per decode key (one row reading one key of its context)
         self.frozen = False
 
     @classmethod
@@ -85,14 +103,25 @@ class StepCostModel:
         """True when extra rows are known to cost nothing (a fixed model with ``row_cost`` 0)."""
         return self.frozen and self.values[-1] <= self.values[0]
 
-    def seconds(self, num_rows: float) -> float | None:
-        """Predicted wall time of a step of ``num_rows`` rows; None before any step was seen."""
+    @property
+    def key_cost(self) -> float:
+        """Seconds per decode key read, in today's units (the seed's, scaled by ``drift``)."""
+        return self.key_seconds * self.drift
+
+    def seconds(self, num_rows: float, num_keys: float = 0.0) -> float | None:
+        """Predicted wall time of a step of ``num_rows`` rows whose decode rows read ``num_keys``
+        keys; None before any step was seen."""
         if not self._known():
             return None
-        return float(self.seconds_many(np.array([num_rows], dtype=np.float64))[0])
+        return float(self.seconds_many(np.array([num_rows], dtype=np.float64), num_keys)[0])
 
-    def seconds_many(self, num_rows: np.ndarray) -> np.ndarray:
-        """``seconds`` of each entry of ``num_rows`` (``[n]``), in one pass (at least one knot known)."""
+    def seconds_many(self, num_rows: np.ndarray,  # [n]
+                     num_keys: np.ndarray | float = 0.0) -> np.ndarray:  # [n] (or one count for all)
+        """``seconds`` of each entry of ``num_rows`` with ``num_keys``, in one pass (a knot known)."""
+        return self._row_seconds(num_rows) + self.key_cost * np.asarray(num_keys, dtype=np.float64)
+
+    def _row_seconds(self, num_rows: np.ndarray) -> np.ndarray:  # [n] -> [n]
+        """The rows' part of ``seconds_many``: the knots interpolated, extended past the last one."""
         known = self._known()
         xs = np.array([x for x, _ in known], dtype=np.float64)
         ys = np.array([y for _, y in known], dtype=np.float64)
@@ -103,20 +132,24 @@ class StepCostModel:
             out[beyond] = ys[-1] + slope * (num_rows[beyond] - xs[-1])
         return out
 
-    def max_rows_within(self, seconds: float, limit: int) -> int:
-        """The most rows (at least 1, at most ``limit``) a step can run in ``seconds`` under this model."""
-        times = self.seconds_many(np.arange(1, max(1, limit) + 1, dtype=np.float64))  # non-decreasing
+    def max_rows_within(self, seconds: float, limit: int, num_keys: float = 0.0) -> int:
+        """The most rows (at least 1, at most ``limit``) a step can run in ``seconds`` under this model,
+        its decode rows reading ``num_keys`` keys (rows added beyond them read none)."""
+        times = self.seconds_many(np.arange(1, max(1, limit) + 1, dtype=np.float64), num_keys)  # non-decreasing
         return max(1, int(np.searchsorted(times, seconds, side="right")))
 
-    def observe(self, num_rows: int, seconds: float) -> None:
-        """Fold one measured step of ``num_rows`` rows that took ``seconds`` into the estimates."""
+    def observe(self, num_rows: int, seconds: float, num_keys: float = 0.0) -> None:
+        """Fold one measured step of ``num_rows`` rows, whose decode rows read ``num_keys`` keys, that
+        took ``seconds`` into the estimates."""
         if self.frozen or num_rows < 1 or not seconds > 0.0:
             return
         num_rows = min(num_rows, self.knots[-1])
         if self.prior[0] is not None:
-            expected = float(np.interp(num_rows, self.knots, self.prior))
+            expected = float(np.interp(num_rows, self.knots, self.prior)) + self.key_seconds * num_keys
             self.drift_count += 1.0
             self.drift += max(1.0 / self.drift_count, MIN_RATE) * (seconds / expected - self.drift)
+        # the rows' share; at least a tenth of the step, should the key cost be overestimated
+        seconds = max(seconds - self.key_cost * num_keys, 0.1 * seconds)
         hi = bisect.bisect_left(self.knots, num_rows)
         lo = hi if self.knots[hi] == num_rows else hi - 1
         span = self.knots[hi] - self.knots[lo]
@@ -131,9 +164,10 @@ class StepCostModel:
             value = self.values[k]
             self.values[k] = target if value is None else value + min(1.0, rate) * (target - value)
 
-    def seed(self, samples: dict[int, float]) -> None:
+    def seed(self, samples: dict[int, float], key_seconds: float = 0.0) -> None:
         """Take measured ``{num_rows: seconds}`` as the prior: interpolated at every knot, extended
-        past the last sample with the slope of the last two."""
+        past the last sample with the slope of the last two; and ``key_seconds`` per decode key."""
+        self.key_seconds = max(0.0, key_seconds)
         if not samples:
             return
         xs = np.array(sorted(samples), dtype=np.float64)
@@ -156,7 +190,8 @@ class StepCostModel:
     def describe(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> str:
         """``rows: ms`` for a log line, e.g. ``1: 19.6 ms, 2: 24.0 ms, ...``."""
         unit = "x a 1-row step" if self.frozen else "ms"
-        return ", ".join(f"{r}: {ms:g} {unit}" for r, ms in self.snapshot(rows).items()) or "not measured yet"
+        text = ", ".join(f"{r}: {ms:g} {unit}" for r, ms in self.snapshot(rows).items()) or "not measured yet"
+        return text + (f"; + {self.key_cost * 1e6:.3g} ms per 1000 decode keys read" if self.key_seconds else "")
 
     def _estimate(self, k: int) -> float | None:
         """Knot ``k``'s seconds: its measurements blended with the seed scaled by ``drift``."""
@@ -218,8 +253,42 @@ def measure_step_seconds(target, block_manager, rows: list[int], context_len: in
         return best
 
 
+@torch.inference_mode()
+def measure_key_seconds(target, block_manager, num_seqs: int = KEY_SEQS, contexts: tuple[int, int] = KEY_CONTEXTS,
+                        repeats: int = 3) -> float:
+    """Seconds per key a decode row reads: ``num_seqs`` throw-away sequences decode one row each at
+    the short and at the long context of ``contexts`` (taking turns, the best of ``repeats`` after
+    a warm-up), the difference divided by the extra keys. Their K/V is left as the cache holds it
+    (the time does not depend on it). 0 when the cache cannot hold them or the contexts are too
+    close to tell apart."""
+    short, long = contexts
+    if long < 2 * short:
+        return 0.0
+    with contextlib.ExitStack() as stack:
+        seqs = [stack.enter_context(block_manager.scratch(f"key-cost-{i}", long, long + 1)) for i in range(num_seqs)]
+        if any(seq is None for seq in seqs):
+            return 0.0
+        best = {short: float("inf"), long: float("inf")}
+        for round_ in range(repeats + 1):
+            for context_len in best:
+                batch = [ForwardInput([0], context_len, seq.block_ids) for seq in seqs]
+                seconds = _time_forward(target, batch)
+                if round_ > 0:
+                    best[context_len] = min(best[context_len], seconds)
+    return max(0.0, (best[long] - best[short]) / (num_seqs * (long - short)))
+
+
+def decode_keys(context_lens: list[int], num_rows: list[int]) -> int:
+    """Keys read by decode rows: ``num_rows[i]`` rows of a sequence of ``context_lens[i]`` tokens
+    (this step's rows included) each read its whole context."""
+    return sum(n * c for n, c in zip(num_rows, context_lens))
+
+
 def _time_step(target, block_ids: list[int], context_len: int, num_rows: int) -> float:
-    batch = [ForwardInput([0] * num_rows, context_len, block_ids)]
+    return _time_forward(target, [ForwardInput([0] * num_rows, context_len, block_ids)])
+
+
+def _time_forward(target, batch: list[ForwardInput]) -> float:
     start = time.perf_counter()
     hidden, _, _ = target.forward(batch)
     target.compute_logits(hidden).max(dim=-1).indices.tolist()
