@@ -51,3 +51,16 @@ def test_prepare_batch_gathers_the_same_table_as_from_lists():
     from_lists = prepare_batch(plain, 16, None, torch.device("cpu"))[2]
     assert torch.equal(with_table.block_table, from_lists.block_table)
     assert torch.equal(with_table.slot_mapping, from_lists.slot_mapping)
+
+
+def test_table_grown_inside_inference_mode_is_written_outside_it():
+    """A timed forward allocates throw-away sequences under ``torch.inference_mode``; the rows and
+    columns it grows must stay writable when they are freed after (and in every later step)."""
+    bm = BlockManager(500, 16)
+    seqs = [Sequence(f"s{i}", 0, [0] * 4, SamplingParams(), 0, 0.0) for i in range(70)]
+    with torch.inference_mode():
+        assert all(bm.ensure(seq, 16 * 5) for seq in seqs[:69])  # past the first 64 rows
+        assert bm.ensure(seqs[69], 16 * 80)  # past the first 64 columns
+    for seq in seqs:
+        bm.free(seq)
+    assert bm.num_free_blocks == bm.num_blocks and (bm.block_table.table == -1).all()

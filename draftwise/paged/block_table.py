@@ -47,6 +47,7 @@ class BlockTable:
     def rows(self, rows: list[int], width: int) -> torch.Tensor:  # -> [len(rows), width]
         return self.table[:, :width].index_select(0, torch.tensor(rows, dtype=torch.int64))
 
+    @torch.inference_mode(False)  # grown inside a timed forward's inference mode, it is written outside it
     def _take_row(self) -> int:
         if not self._free_rows:
             num_rows = self.table.shape[0]
@@ -55,6 +56,7 @@ class BlockTable:
             self._free_rows = list(range(2 * num_rows - 1, num_rows - 1, -1))
         return self._free_rows.pop()
 
+    @torch.inference_mode(False)
     def _widen(self, width: int) -> None:
         extra = max(width, 2 * self.table.shape[1]) - self.table.shape[1]
         self.table = torch.cat((self.table, self.table.new_full((self.table.shape[0], extra), -1)), dim=1)
