@@ -290,9 +290,10 @@ def main() -> None:
                 else {"method": name, "num_speculative_tokens": 5}
             extra = ("--no-enable-prefix-caching",) if variant == "nocache" else ()
             log = open(os.path.join(log_dir, f"{method.replace(':', '-')}.log"), "w")
-            servers[method] = start_server(args, spec, log, extra)
+            # one start-up at a time: a server times its steps at start-up (the step-cost model's
+            # seed), and another server starting beside it distorts those timings
+            servers[method] = proc, port = start_server(args, spec, log, extra)
             print(f"{method}: speculative_config {spec}{' ' + ' '.join(extra) if extra else ''}")
-        for method, (proc, port) in servers.items():
             wait_healthy(proc, port)
             asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up: request 0
         levels = {(c, method): Level() for c in args.concurrency for method in methods}

@@ -64,6 +64,23 @@ def test_never_decreasing_in_rows():
     assert times == sorted(times)
 
 
+def test_a_knot_few_steps_visited_yields_to_a_well_measured_one():
+    """Five slow 4-row steps must not lift the 8-row knot that 300 steps measured (which priced
+    every row from 4 to 16 as free): knots out of order are pooled by their evidence, and the
+    drift moves by a clipped geometric mean."""
+    model = StepCostModel(64)
+    model.seed({1: 0.021, 4: 0.022, 8: 0.025, 16: 0.030, 64: 0.050})
+    for _ in range(300):
+        model.observe(8, 0.050)
+        model.observe(1, 0.040)
+    drift = model.drift
+    for _ in range(5):
+        model.observe(4, 0.150)
+    assert model.drift < 1.25 * drift  # a few stalled steps barely move the level of unvisited knots
+    assert model.seconds(8) == pytest.approx(0.050, rel=0.1)  # (pooled with the 5 slow steps)
+    assert model.seconds(4) <= model.seconds(8) < model.seconds(16) < model.seconds(32)
+
+
 def test_knots_past_the_measured_ones_keep_the_seeds_slope():
     """Few-sequence steps run as the seed says (drift ~1) while 32 sequences of long contexts push
     64 rows far above it, and no step ever runs 96. Rows past 64 still cost what the seed says each

@@ -61,6 +61,8 @@ from ..paged import ForwardInput
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error
 SEED_WEIGHT = 2.0  # the start-up seed counts as this many observations at each knot
+DRIFT_RATE = 0.05  # each step moves the drift by 5% of its log ratio once ~20 steps were seen ...
+DRIFT_CLIP = 2.0  # ... that ratio clipped to within 2x of the drift: a few stalled steps barely move it
 KEY_SEQS = 4  # sequences decoding one row each when the key cost is timed
 KEY_CONTEXTS = (128, 1024)  # the short and long contexts it is timed at
 
@@ -80,7 +82,7 @@ class StepCostModel:
         self.values: list[float | None] = [None] * len(self.knots)  # seconds at each knot, None: unseen
         self.counts = [0.0] * len(self.knots)  # evidence per knot (observations, split between two knots)
         self.prior: list[float | None] = [None] * len(self.knots)  # the seed at each knot, None: unseeded
-        self.drift = 1.0  # real steps' time / the seed's prediction (moving average)
+        self.drift = 1.0  # real steps' time / the seed's prediction (moving geometric mean)
         self.drift_count = 0.0
         self.key_seconds = 0.0  # the seed's seconds per decode key (one row reading one key of its context)
         self.frozen = False
@@ -147,7 +149,8 @@ class StepCostModel:
         if self.prior[0] is not None:
             expected = float(np.interp(num_rows, self.knots, self.prior)) + self.key_seconds * num_keys
             self.drift_count += 1.0
-            self.drift += max(1.0 / self.drift_count, MIN_RATE) * (seconds / expected - self.drift)
+            ratio = min(max(seconds / expected, self.drift / DRIFT_CLIP), self.drift * DRIFT_CLIP)
+            self.drift *= (ratio / self.drift) ** max(1.0 / self.drift_count, DRIFT_RATE)  # a moving geometric mean
         # the rows' share; at least a tenth of the step, should the key cost be overestimated
         seconds = max(seconds - self.key_cost * num_keys, 0.1 * seconds)
         hi = bisect.bisect_left(self.knots, num_rows)
@@ -204,20 +207,26 @@ class StepCostModel:
         return (self.counts[k] * value + SEED_WEIGHT * prior) / (self.counts[k] + SEED_WEIGHT)
 
     def _known(self) -> list[tuple[int, float]]:
-        """Known knots with their estimates made non-decreasing in rows. A knot rises at least by
-        the seed's own increment from the knot before, in the share the seed has in its estimate:
-        a knot that real steps pushed up (32 sequences of long contexts) must not leave the
-        unvisited knots above it flat, which would price every row past it as free."""
+        """Known knots with their estimates made non-decreasing in rows. First a weighted isotonic
+        fit: knots out of order are pooled, each weighted by its evidence (observations and the
+        seed's weight), so a knot few steps visited, its estimate mostly the seed's, yields to a
+        well-measured one above it instead of lifting it (a seed timed while another process
+        started read 4 rows at 3x one row, and priced every row from 4 to 16 as free). Then a
+        knot past the last one that real steps dominate rises at least by the seed's own increment
+        from the knot before, in the share the seed has in its estimate: a knot that real steps
+        pushed up (under load) must not leave the unvisited knots above it flat, which would price
+        every row past it as free."""
+        ks = [k for k in range(len(self.knots)) if self._estimate(k) is not None]
+        weights = [self.counts[k] + (SEED_WEIGHT if self.prior[k] is not None else 0.0) for k in ks]
+        fitted = _isotonic([self._estimate(k) for k in ks], [max(w, 1.0) for w in weights])
+        measured = max((k for k in ks if self.counts[k] >= SEED_WEIGHT), default=-1)  # the last knot data rule
         known, top, last = [], 0.0, None
-        for k, x in enumerate(self.knots):
-            y = self._estimate(k)
-            if y is None:
-                continue
-            if last is not None and self.prior[k] is not None and self.prior[last] is not None:
+        for k, y in zip(ks, fitted):
+            if k > measured and last is not None and self.prior[k] is not None and self.prior[last] is not None:
                 increment = max(0.0, self.prior[k] - self.prior[last]) * self.drift
                 y = max(y, top + increment * SEED_WEIGHT / (self.counts[k] + SEED_WEIGHT))
             top, last = max(top, y), k
-            known.append((x, top))
+            known.append((self.knots[k], top))
         return known
 
     def _slope(self, x0: int, x1: int) -> float:
@@ -228,6 +237,21 @@ class StepCostModel:
             return 0.0
         y0, y1 = np.interp([x0, x1], [x for x, _ in known], [y for _, y in known])  # one pass over the knots
         return max(0.0, (y1 - y0) / (x1 - x0))
+
+
+def _isotonic(values: list[float], weights: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to ``values`` in weighted least squares (adjacent
+    violators pooled into their weighted mean)."""
+    pools: list[list[float]] = []  # [mean, weight, number of values]
+    for value, weight in zip(values, weights):
+        pools.append([value, weight, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            mean, weight, num = pools.pop()
+            last = pools[-1]
+            last[0] = (last[0] * last[1] + mean * weight) / (last[1] + weight)
+            last[1] += weight
+            last[2] += num
+    return [mean for mean, _, num in pools for _ in range(int(num))]
 
 
 @torch.inference_mode()
