@@ -26,7 +26,7 @@ def test_serve_bounds_prefill_by_default_and_generate_does_not():
     from draftwise.cli import SERVE_DECODE_STALL_FACTOR, build_parser, engine_kwargs
 
     parse = lambda *argv: engine_kwargs(build_parser().parse_args(list(argv)))["decode_stall_factor"]  # noqa: E731
-    assert parse("serve", "m") == SERVE_DECODE_STALL_FACTOR == 3.0
+    assert parse("serve", "m") == SERVE_DECODE_STALL_FACTOR == 2.75
     assert parse("serve", "m", "--decode-stall-factor", "off") is None
     assert parse("serve", "m", "--decode-stall-factor", "2") == 2.0
     assert parse("generate", "--prompt", "x") is None

@@ -62,7 +62,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="no periodic throughput and acceptance log lines")
     add("--decode-stall-factor", type=_stall_factor, default=None, metavar="FACTOR|off",
         help="while sequences decode, bound the prefill joining a step so the step takes at most this many "
-             "times the decode-only step (default: 3 for serve, off elsewhere)")
+             "times the decode-only step (default: 2.75 for serve, off elsewhere)")
     limits = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
     limits.add_argument("--max-n", type=int, default=RequestLimits.max_n, help="choices (sequences) per request")
     limits.add_argument("--max-logprobs", type=int, default=RequestLimits.max_logprobs,
