@@ -155,7 +155,8 @@ class DraftLengthPolicy:
         if not entries:
             return []
         cost, base = self.step_cost, max(1, num_base_rows)
-        row_slope = (cost.seconds(base + len(entries)) - cost.seconds(base)) / len(entries)
+        first, last = cost.seconds_many(np.array([base, base + len(entries)], dtype=np.float64))
+        row_slope = (last - first) / len(entries)
         per_draft = [max(row_slope + cost.key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
         order = sorted(range(len(entries)), key=lambda e: (-entries[e][0] / per_draft[e], entries[e][1], e))
         return [entries[e] for e in order]

@@ -52,6 +52,7 @@ import bisect
 import contextlib
 import os
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -216,9 +217,10 @@ class StepCostModel:
         from the knot before, in the share the seed has in its estimate: a knot that real steps
         pushed up (under load) must not leave the unvisited knots above it flat, which would price
         every row past it as free."""
-        ks = [k for k in range(len(self.knots)) if self._estimate(k) is not None]
-        weights = [self.counts[k] + (SEED_WEIGHT if self.prior[k] is not None else 0.0) for k in ks]
-        fitted = _isotonic([self._estimate(k) for k in ks], [max(w, 1.0) for w in weights])
+        estimates = [self._estimate(k) for k in range(len(self.knots))]
+        ks = [k for k, y in enumerate(estimates) if y is not None]
+        weights = [max(1.0, self.counts[k] + (SEED_WEIGHT if self.prior[k] is not None else 0.0)) for k in ks]
+        fitted = _isotonic([estimates[k] for k in ks], weights)
         measured = max((k for k in ks if self.counts[k] >= SEED_WEIGHT), default=-1)  # the last knot data rule
         known, top, last = [], 0.0, None
         for k, y in zip(ks, fitted):
@@ -268,13 +270,8 @@ def measure_step_seconds(target, block_manager, rows: list[int], context_len: in
         if dummy is None:
             return {}
         target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
-        best = {r: float("inf") for r in rows}
-        for round_ in range(repeats + 1):
-            for r in rows:
-                seconds = _time_step(target, dummy.block_ids, context_len, r)
-                if round_ > 0:
-                    best[r] = min(best[r], seconds)
-        return best
+        return _best_of_turns(lambda r: _time_forward(target, [ForwardInput([0] * r, context_len, dummy.block_ids)]),
+                              rows, repeats)
 
 
 @torch.inference_mode()
@@ -292,13 +289,8 @@ def measure_key_seconds(target, block_manager, num_seqs: int = KEY_SEQS, context
         seqs = [stack.enter_context(block_manager.scratch(f"key-cost-{i}", long, long + 1)) for i in range(num_seqs)]
         if any(seq is None for seq in seqs):
             return 0.0
-        best = {short: float("inf"), long: float("inf")}
-        for round_ in range(repeats + 1):
-            for context_len in best:
-                batch = [ForwardInput([0], context_len, seq.block_ids) for seq in seqs]
-                seconds = _time_forward(target, batch)
-                if round_ > 0:
-                    best[context_len] = min(best[context_len], seconds)
+        best = _best_of_turns(lambda c: _time_forward(target, [ForwardInput([0], c, seq.block_ids) for seq in seqs]),
+                              [short, long], repeats)
     return max(0.0, (best[long] - best[short]) / (num_seqs * (long - short)))
 
 
@@ -308,8 +300,16 @@ def decode_keys(context_lens: list[int], num_rows: list[int]) -> int:
     return sum(n * c for n, c in zip(num_rows, context_lens))
 
 
-def _time_step(target, block_ids: list[int], context_len: int, num_rows: int) -> float:
-    return _time_forward(target, [ForwardInput([0] * num_rows, context_len, block_ids)])
+def _best_of_turns(time_one: Callable[[int], float], settings: list[int], repeats: int) -> dict[int, float]:
+    """``{setting: seconds}``: the best of ``repeats`` rounds in which every setting is timed in
+    turn, after a warm-up round, so a busy moment of the machine hits them alike."""
+    best = {setting: float("inf") for setting in settings}
+    for round_ in range(repeats + 1):
+        for setting in settings:
+            seconds = time_one(setting)
+            if round_ > 0:
+                best[setting] = min(best[setting], seconds)
+    return best
 
 
 def _time_forward(target, batch: list[ForwardInput]) -> float:
