@@ -69,6 +69,15 @@ class Sequence:
         self.drafter_num_computed_tokens = 0
         self.drafter_blocked = False
 
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep the first ``num_output_tokens`` output tokens (a finished sequence's output only)."""
+        del self.all_token_ids[self.num_prompt_tokens + num_output_tokens:]
+        if self.logprobs is not None:
+            del self.logprobs[num_output_tokens:]
+            self.cumulative_logprob = sum(entry[token].logprob
+                                          for entry, token in zip(self.logprobs, self.output_token_ids))
+        self.text, self.stop_reason = "", None
+
     def num_draft_slots(self, max_model_len: int) -> int:
         """Drafts that fit before ``max_model_len`` and ``max_tokens``, leaving room for the token the
         verifying step samples after them (>= 0)."""

@@ -7,7 +7,10 @@ equivalence tests need (any scheduling/batching bug shows up as a token mismatch
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -292,6 +295,24 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def app_server(app):
+    """Serve ``app`` with uvicorn in a thread on a free 127.0.0.1 port; yields its base URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def start_server(model_dir, log_path, extra_args=()):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import API_KEY, PROMPTS, SERVED_NAME, free_port
+from conftest import API_KEY, PROMPTS, SERVED_NAME, app_server, free_port
 
 from draftwise.cli import main
 
@@ -117,7 +116,6 @@ def test_serve_bad_flags_exit_before_binding(argv, needle, capsys):
 
 
 def test_failing_step_fails_its_request_with_500_and_server_keeps_serving(tiny_model_dir):
-    import uvicorn
     from transformers import AutoTokenizer
 
     from draftwise.config import EngineConfig
@@ -136,15 +134,7 @@ def test_failing_step_fails_its_request_with_500_and_server_keeps_serving(tiny_m
 
     engine.step = step_failing_once
     app = build_app(AsyncEngine(engine), ["tiny"], AutoTokenizer.from_pretrained(tiny_model_dir))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.05)
+    with app_server(app) as url:
         body = {"prompt": "hello", "max_tokens": 4}
         status, payload = call(url, "/v1/completions", body, key=None)
         assert status == 500 and payload["error"]["type"] == "server_error"
@@ -152,9 +142,6 @@ def test_failing_step_fails_its_request_with_500_and_server_keeps_serving(tiny_m
         status, payload = call(url, "/v1/completions", body, key=None)
         assert status == 200 and len(payload["choices"]) == 1
         assert engine.block_manager.usage == 0 and not engine.has_unfinished_requests()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 def test_engine_is_built_and_stepped_on_one_thread(tiny_model_dir):

@@ -70,7 +70,7 @@ from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
 from .speculation import Speculator
 from .step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
-from .structured_outputs import StructuredOutputs
+from .structured_outputs import GrammarRefusal, StructuredOutputs
 
 logger = logging.getLogger("draftwise")
 
@@ -374,7 +374,8 @@ class LLMEngine:
             for seq in plan.preempted:
                 spec.on_finished(seq)
         finished = self.output_processor.append(result)
-        finished += self.structured.on_appended(result)  # grammars completed: finish_reason "stop"
+        completed, refused = self.structured.on_appended(result)  # grammars completed: finish_reason "stop"
+        finished += completed
         for scored in result.prompt_logprobs:
             request = self.requests.get(scored.request_id)
             if request is not None:
@@ -386,7 +387,18 @@ class LLMEngine:
         self.structured.draft(result.seqs)  # the grammar's drafts, with or without a proposer
         for seq in finished:
             self._release(seq)
+        for refusal in refused:
+            self._refuse(refusal)
         return list(dict.fromkeys(s.request_id for s in result.seqs))
+
+    def _refuse(self, refusal: GrammarRefusal) -> None:
+        """A token its grammar refused: the output ends before it and the request fails."""
+        if refusal.seq.request_id in self.requests:
+            self._fail_request(refusal.seq.request_id, refusal.error())
+        if not refusal.seq.is_finished:
+            self._release(refusal.seq)
+        refusal.seq.finish_reason = "error"
+        refusal.seq.truncate_output(refusal.num_valid)
 
     def _outputs(self, request_ids: list[str]) -> list[RequestOutput]:
         """The ``RequestOutput`` of each request (aborted ones skipped); finished ones leave the engine."""

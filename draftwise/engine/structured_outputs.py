@@ -16,9 +16,11 @@ A constrained request goes through:
    constrained sequences computes nothing.
 4. ``on_appended(result)`` after the step's tokens were appended: each matcher consumes its
    sequence's new output tokens (accepted drafts and the sampled token; rejected drafts never
-   reached it), grammar drafts are counted, and a sequence whose grammar is complete finishes
-   with ``finish_reason="stop"`` (one whose grammar refused a token, which the masks rule out,
-   with ``"error"``).
+   reached it), those of sequences a stop rule just finished included, grammar drafts are
+   counted, and a sequence whose grammar is complete finishes with ``finish_reason="stop"``. A
+   token the grammar refuses (the masks rule that out) is returned as a ``GrammarRefusal``: the
+   engine cuts the output before it and fails the request (``finish_reason="error"``, a 500 on
+   the server), so no output ever leaves with text outside its constraint.
 5. ``draft(seqs)`` after the proposer, if any, drafted: each constrained sequence's drafts
    become the grammar's (``GrammarState.draft``: forced tokens for free, the proposer's drafts
    where they continue validly, cut at the first the grammar forbids), whether or not the
@@ -68,6 +70,19 @@ class _SeqGrammar:
     drafted: GrammarDraft | None = None  # the drafts set for the next step
     draft_ids: list[int] | None = None  # the list given as seq.spec_token_ids
     residual: torch.Tensor | None = None  # [vocab] q of the proposer's draft the grammar cut
+
+
+@dataclass
+class GrammarRefusal:
+    """A sequence whose grammar refused one of its emitted tokens."""
+    seq: Sequence
+    num_valid: int  # its leading output tokens the grammar admits
+    reason: str  # llguidance's error
+
+    def error(self) -> RuntimeError:
+        first_line = self.reason.splitlines()[0] if self.reason else "no reason given"
+        return RuntimeError(f"output token {self.num_valid} is outside the request's structured-output "
+                            f"constraint ({first_line})")
 
 
 @dataclass
@@ -208,9 +223,11 @@ class StructuredOutputs:
         return rec.residual if len(draft) == len(rec.draft_ids) else None
 
     @_timed
-    def on_appended(self, result: StepResult) -> list[Sequence]:
-        """Advance the matchers over the step's tokens; return the sequences whose grammar completed."""
-        finished = []
+    def on_appended(self, result: StepResult) -> tuple[list[Sequence], list[GrammarRefusal]]:
+        """Advance the matchers over every token the step appended, finished sequences' too; return
+        the sequences whose grammar completed (``finish_reason="stop"``) and those whose grammar
+        refused a token (the masks rule that out: the engine fails their request)."""
+        finished, refused = [], []
         for seq, num_drafts, num_accepted in zip(result.seqs, result.num_draft_tokens, result.num_accepted):
             rec = self.states.get(seq.seq_id)
             if rec is None:
@@ -220,16 +237,13 @@ class StructuredOutputs:
                 self.stats.num_draft_tokens += sum(verified)
                 self.stats.num_accepted_tokens += sum(verified[:num_accepted])
             rec.drafted = None
-            if seq.finish_reason is not None:
-                continue
-            refused = not rec.state.advance(seq.output_token_ids)
-            if refused:  # (no emitted token should be able to: each was sampled under the grammar's mask)
-                logger.error("draftwise: request %s: its grammar refused an emitted token (%s); it ends here",
-                             seq.request_id, rec.state.error)
-            if refused or rec.state.is_done:
-                seq.finish_reason, seq.finished_time = "error" if refused else "stop", time.time()
+            num_valid = rec.state.advance(seq.output_token_ids)
+            if num_valid is not None:
+                refused.append(GrammarRefusal(seq, num_valid, rec.state.error))
+            elif seq.finish_reason is None and rec.state.is_done:
+                seq.finish_reason, seq.finished_time = "stop", time.time()
                 finished.append(seq)
-        return finished
+        return finished, refused
 
     @_timed
     def draft(self, seqs: list[Sequence]) -> None:

@@ -30,12 +30,18 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 def uniform_noise(seeds: torch.Tensor,  # [num_rows] int64
                   positions: torch.Tensor,  # [num_rows] int64
                   num_cols: int, stream: int = 0) -> torch.Tensor:  # [num_rows, num_cols] in (0, 1)
-    """Counter-based uniforms: a pure function of (seed, position, column, stream)."""
+    """Counter-based uniforms: a pure function of (seed, position, column, stream).
+
+    Strictly inside (0, 1) in fp32: 23 random bits centred in their cell, ``(k + 0.5) / 2**23``,
+    every value exact (the largest is ``1 - 2**-24``). A uniform that rounded to 1.0 would make
+    ``-log(u)`` zero, and ``p / 0`` NaN wherever ``p`` is 0 (a token a grammar or top-k removed),
+    which ``argmax`` would pick.
+    """
     key = _mix32((seeds & _MASK32) ^ _mix32((seeds >> 32) & _MASK32))
     key = _mix32((key + positions * 0x9E3779B9 + stream * 0x85EBCA6B) & _MASK32)
     cols = torch.arange(num_cols, device=seeds.device, dtype=torch.int64)
     bits = _mix32(_mix32((key[:, None] ^ (cols[None, :] * 0xC2B2AE35)) & _MASK32))
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def apply_penalties(logits: torch.Tensor, pen: Penalties) -> torch.Tensor:  # [num_rows, vocab]

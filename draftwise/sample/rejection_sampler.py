@@ -184,7 +184,7 @@ def _rules(probs: torch.Tensor,  # [num_rows, vocab] target probs
         q_x = torch.where(one_hot[:, None], 1.0, q_x)
     if mode is None:
         bar = u * q_x if tau is None else u * q_x * tau
-        num_accepted = _num_leading((q_x > 0) & (bar <= p_x) & draft_valid)
+        num_accepted = _num_leading((q_x > 0) & (p_x > 0) & (bar <= p_x) & draft_valid)
         residual = residuals(p, q, one_hot, safe_drafts, None)
     else:
         ok = (q_x > 0) & draft_valid

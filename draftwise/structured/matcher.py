@@ -49,11 +49,16 @@ class GrammarState:
     def error(self) -> str:
         return self.matcher.get_error()
 
-    def advance(self, output_token_ids: list[int]) -> bool:
-        """Consume the output tokens not consumed yet; False if the grammar rejects one."""
+    def advance(self, output_token_ids: list[int]) -> int | None:
+        """Consume the output tokens not consumed yet. None if the grammar took them all; else the
+        number of output tokens it admits (the refused token's index), and ``error`` says why."""
         new = output_token_ids[self.num_consumed:]
-        self.num_consumed = len(output_token_ids)
-        return not new or self.matcher.consume_tokens(new)
+        num = self.matcher.try_consume_tokens(new) if new else 0
+        self.num_consumed += num
+        if num == len(new):
+            return None
+        self.matcher.consume_tokens(new[num:num + 1])  # puts the matcher in error: ``error`` names the token
+        return self.num_consumed
 
     def draft(self, proposed: list[int], limit: int, forced: bool = True) -> GrammarDraft:
         out = GrammarDraft()
