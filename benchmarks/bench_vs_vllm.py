@@ -79,7 +79,7 @@ def run_draftwise(job: dict) -> dict:
     for config in job["configs"]:
         print(f"draftwise: {config['label']}", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        llm = LLM(model=job["model"], dtype=job["dtype"], seed=0, max_model_len=job["max_model_len"],
+        llm = LLM(model=job["model"], dtype=config.get("dtype", job["dtype"]), seed=0, max_model_len=job["max_model_len"],
                   max_num_seqs=max(len(p) for p in job["workloads"].values()),
                   speculative_config=config["speculative_config"])
         startup = time.perf_counter() - start
@@ -130,6 +130,21 @@ def report(job: dict, ours: dict, theirs: dict) -> list[dict]:
     return rows
 
 
+def side_by_side(job: dict, run_theirs, report_fn, setting: str) -> tuple[dict, dict, dict, list[dict]]:
+    """Print the machine, run the peer (``run_theirs(tmp_dir)``), then draftwise, and report:
+    (the CPU's signature, draftwise's results, the peer's, the report's rows)."""
+    sig = cpu_signature()
+    print(f"{sig['cpu']}, flags {' '.join(sig['flags'])}, torch {torch.__version__}, {setting}, "
+          f"{job['max_tokens']} tokens, {len(next(iter(job['workloads'].values())))} prompts per workload; "
+          f"load average {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        theirs = run_theirs(Path(tmp))
+    ours = run_draftwise(job)
+    rows = report_fn(job, ours, theirs)
+    print(f"load average at the end {os.getloadavg()}")
+    return sig, ours, theirs, rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--anchor-python", required=True, help="python of the venv `make anchor` built")
@@ -152,14 +167,8 @@ def main() -> None:
            "configs": [{"label": m, "speculative_config": METHODS[m]} for m in args.methods.split(",")]}
     if args.structured_outputs:
         job["schemas"] = {name: [p.schema for p in prompts] for name, prompts in loaded.items()}
-    sig = cpu_signature()
-    print(f"{sig['cpu']}, flags {' '.join(sig['flags'])}, torch {torch.__version__}, {args.dtype}, "
-          f"{args.max_tokens} tokens, {args.num_prompts} prompts per workload; load average {os.getloadavg()}")
-    with tempfile.TemporaryDirectory() as tmp:
-        theirs = run_vllm(job, args.anchor_python, Path(tmp))
-    ours = run_draftwise(job)
-    rows = report(job, ours, theirs)
-    print(f"load average at the end {os.getloadavg()}")
+    sig, ours, theirs, rows = side_by_side(job, lambda tmp: run_vllm(job, args.anchor_python, tmp), report,
+                                           args.dtype)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"cpu": sig, "args": vars(args), "rows": rows,
                                           "startup_s": {c["label"]: [theirs[c["label"]]["startup_s"],

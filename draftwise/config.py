@@ -36,11 +36,17 @@ class RequestLimits:
     max_stop_string_length: int = 1024  # characters; streams hold back this much text
 
 
+QUANTIZATIONS = (None, "gguf", "q8_0", "q4_0", "q4_1")  # None / "gguf": the checkpoint's own weights
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str | None = None
     tokenizer: str | None = None
     dtype: str | torch.dtype = "auto"
+    # weight-only quantization of the layer linears and the head at load, on CPU (models/quantize.py);
+    # None or "gguf": a GGUF file's own blocks where the model is one, the checkpoint's floats otherwise
+    quantization: str | None = None
     seed: int = 0
     max_model_len: int | None = None
     max_num_seqs: int = 256
@@ -121,6 +127,10 @@ class EngineConfig:
         for name in ("async_scheduling", "disable_log_stats", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} is invalid; allowed: {list(QUANTIZATIONS)} "
+                             "(weight-only quantization at load, on CPU; the only quantized checkpoints read are "
+                             "GGUF files)")
         if self.device not in _DEVICES:
             raise ValueError(f"device={self.device!r} is invalid; allowed: {list(_DEVICES)}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -150,6 +160,11 @@ class EngineConfig:
         return torch.device(self.device)
 
     @property
+    def default_gguf_weights(self) -> str:
+        """A GGUF model's linears keep the file's blocks unless a float ``dtype`` was asked for."""
+        return "quantized" if self.dtype == "auto" else "dequantized"
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
@@ -159,8 +174,11 @@ class EngineConfig:
 
 
 # rejection_sampler_config: sample/verify_config.py; grammar_drafts (default True): the grammar of a structured
-# output drafts the tokens it forces (engine/structured_outputs.py)
-_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict, "grammar_drafts": bool}
+# output drafts the tokens it forces (engine/structured_outputs.py); gguf_weights: "quantized" (a GGUF model's
+# linears keep the file's blocks on CPU, models/gguf_blocks.py; the default with dtype "auto") or "dequantized"
+# (the default where a float dtype is named)
+_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict, "grammar_drafts": bool, "gguf_weights": str}
+_ADDITIONAL_VALUES = {"gguf_weights": ("quantized", "dequantized")}
 
 
 def _check_additional_config(extra) -> None:
@@ -173,6 +191,8 @@ def _check_additional_config(extra) -> None:
             raise ValueError(f"additional_config key {key!r} is unknown; allowed: {sorted(_ADDITIONAL_KEYS)}")
         if not isinstance(value, _ADDITIONAL_KEYS[key]):
             raise ValueError(f"additional_config[{key!r}]={value!r} must be a {_ADDITIONAL_KEYS[key].__name__}")
+        if key in _ADDITIONAL_VALUES and value not in _ADDITIONAL_VALUES[key]:
+            raise ValueError(f"additional_config[{key!r}]={value!r} is invalid; allowed: {list(_ADDITIONAL_VALUES[key])}")
 
 
 def _int_at_least(name: str, value, lo: int) -> None:

@@ -98,7 +98,9 @@ class LLMEngine:
         if self.executor is not None:
             weakref.finalize(self, self.executor.shutdown)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
-                            gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group)
+                            gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group,
+                            gguf_weights=extra.get("gguf_weights", config.default_gguf_weights),
+                            quantization=config.quantization)
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None

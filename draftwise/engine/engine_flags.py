@@ -34,6 +34,8 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         help="local HF directory, .gguf file, or a bundled name (default: SmolLM2-135M-Instruct)")
     add("--tokenizer", default=None, help="tokenizer directory (default: the model's)")
     add("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+    add("--quantization", "-q", default=None,
+        help="weight-only quantization at load on CPU: q8_0, q4_0, q4_1 (a GGUF model keeps its own blocks)")
     add("--device", default="auto", help="auto, cpu, cuda")
     add("--max-model-len", type=int, default=None)
     add("--max-num-seqs", type=int, default=256)

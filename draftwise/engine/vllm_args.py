@@ -32,7 +32,6 @@ ACCEPTED: dict[str, tuple[tuple, str]] = {
     "data_parallel_size": ((1,), "data parallelism is a `draftwise serve` feature (--data-parallel-size N runs N "
                                  "engine replicas behind one server); LLM and generate run one engine"),
     "enable_lora": ((False,), "LoRA adapters are not supported"),
-    "quantization": ((None, "gguf"), "the only quantized checkpoints supported are GGUF files"),
     "quantization_config": ((None,), "the only quantized checkpoints supported are GGUF files"),
     "kv_cache_dtype": (("auto",), "the KV cache is kept in the model's dtype (another would change outputs)"),
     "tokenizer_mode": (("auto", "hf", "slow"), "tokenizers load with Hugging Face's AutoTokenizer"),

@@ -1,9 +1,10 @@
 """Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
 
 The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over the
-paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``) and
-``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``).
-``load()`` compiles ``csrc/cpu_kernels.cpp`` with the system's C++ compiler for
+paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``),
+``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``)
+and ``draftwise_cpu::gguf_linear`` (linears on GGUF blocks as stored, ``layers/gguf_linear.py``).
+``load()`` compiles ``csrc/*.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
 the source, torch version and CPU, and registers ``torch.ops.draftwise_cpu.*``. It
@@ -27,7 +28,7 @@ from torch.utils import cpp_extension
 
 from .cpu_info import cpu_signature
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
+SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp"))
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 logger = logging.getLogger("draftwise")
 
@@ -45,6 +46,7 @@ def load() -> bool:
         return False
     torch.ops.load_library(str(library))
     torch.library.register_fake("draftwise_cpu::packed_linear")(packed_linear_fake)
+    torch.library.register_fake("draftwise_cpu::gguf_linear")(gguf_linear_fake)
     return True
 
 
@@ -53,9 +55,13 @@ def packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     return x.new_empty(x.shape[0], packed.shape[0])  # [num_rows, out_features]
 
 
+def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])  # [num_rows, out_features]
+
+
 def build_key() -> str:
     """What the built library depends on: its source, the torch version and the CPU."""
-    key = json.dumps([SOURCE.read_text(), torch.__version__, cpu_signature()], sort_keys=True)
+    key = json.dumps([[s.read_text() for s in SOURCES], torch.__version__, cpu_signature()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -67,7 +73,7 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str, library: Path) -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [compiler, str(SOURCE), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++17", "-O3",
+    command = [compiler, *map(str, SOURCES), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++17", "-O3",
                "-march=native", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]

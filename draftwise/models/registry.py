@@ -11,12 +11,15 @@ import torch
 from torch import nn
 from transformers import AutoConfig
 
+from ..layers import gguf_linear
 from ..layers.common import RMSNorm
 from ..layers.kernel_choice import AttentionGroup, LinearGroup, choose_kernels
 from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
+from .gguf_blocks import apply_gguf_blocks
 from .gguf_int4 import apply_gguf_int4
 from .loader import cache_root, gguf_source
+from .quantize import WEIGHT_ONLY, quantize_linears
 from .shard_layout import ShardLayout
 from .shard_weights import CheckpointReader, read_param
 
@@ -47,8 +50,12 @@ def load_config(path: Path):
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
-                max_positions: int, gguf_int4: bool = False, tp=None) -> DecoderLM:
+                max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "quantized",
+                quantization: str | None = None) -> DecoderLM:
     """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
+    Otherwise, on CPU, a GGUF model's layer linears keep the file's blocks (``gguf_blocks.py``) unless
+    ``gguf_weights="dequantized"`` or the model is sharded (the blocks are not split across ranks);
+    ``quantization`` (``quantize.WEIGHT_ONLY``) quantizes any model's linears at load instead.
     On CPU its linears then run the kernels measured fastest on this machine (``kernel_choice.py``).
     With ``tp`` (a ``TPGroup`` of more than one rank) it is that rank's shard, and only the shard's
     slices of the weights are read (``shard_layout.py``, ``shard_weights.py``)."""
@@ -65,9 +72,30 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                          "layers are not sharded")
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
+    model.num_gguf_linears = 0
+    if quantization in WEIGHT_ONLY:
+        _check_can_quantize(quantization, device, layout, gguf_int4)
+        model.num_gguf_linears = quantize_linears(model, quantization)
+    elif (gguf_weights == "quantized" and not gguf_int4 and source is not None and device.type == "cpu"
+            and layout.world_size == 1 and gguf_linear.available()):
+        model.num_gguf_linears = apply_gguf_blocks(model, source, path)
     if can_pack(device, dtype):
         model.kernel_plans = choose_kernels(kernel_groups(model, dtype), cache_root() / "kernels")
     return model
+
+
+def _check_can_quantize(quantization: str, device: torch.device, layout: ShardLayout, gguf_int4: bool) -> None:
+    where = None
+    if device.type != "cpu":
+        where = f"device {device.type} (the kernels are CPU kernels)"
+    elif layout.world_size > 1:
+        where = "tensor_parallel_size > 1 (quantized weights are not sharded)"
+    elif gguf_int4:
+        where = "additional_config['gguf_int4']"
+    elif not gguf_linear.available():
+        where = "a machine where draftwise's C++ CPU kernels did not build"
+    if where:
+        raise ValueError(f"quantization={quantization!r} cannot run with {where}; allowed there: None")
 
 
 def kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:

@@ -1,0 +1,67 @@
+"""``GGUFLinear``: a linear layer whose weight stays in the GGUF file's quantized blocks.
+
+The weight is ``[out_features, row_bytes]`` uint8, each row the blocks of one output feature
+exactly as the file stores them (types in ``QTYPE_IDS``: Q4_0, Q4_1, Q8_0 and the k-quants
+Q4_K, Q5_K, Q6_K that llama.cpp's common presets write). The C++ op
+``draftwise_cpu::gguf_linear`` (``csrc/gguf_linear.cpp``) quantizes each activation row to
+8 bits per 32 values and takes integer dot products with the blocks, so a step streams
+the file's bytes instead of a de-quantized copy 3-8x their size. Results are batch invariant:
+a row's output does not depend on the other rows of the call. Inputs of any float dtype;
+the output has the input's dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import native
+
+QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's type ids
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes per block
+BLOCK_SIZES = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # weights per block
+
+
+def available() -> bool:
+    """The C++ kernels built on this machine (``native.load``)."""
+    return native.load()
+
+
+class GGUFLinear(nn.Module):
+    def __init__(self, blocks: torch.Tensor,  # [out_features, in_features / BLOCK_SIZES * BLOCK_BYTES] uint8
+                 qtype: str, bias: torch.Tensor | None = None):
+        super().__init__()
+        if not native.load():
+            raise RuntimeError("GGUFLinear needs draftwise's C++ CPU kernels, which did not build here")
+        if qtype not in QTYPE_IDS:
+            raise ValueError(f"GGUF type {qtype!r} has no kernel; supported: {sorted(QTYPE_IDS)}")
+        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % BLOCK_BYTES[qtype]:
+            raise ValueError(f"{qtype} blocks must be a [out, k * {BLOCK_BYTES[qtype]}] uint8 tensor, "
+                             f"got {tuple(blocks.shape)} {blocks.dtype}")
+        self.qtype, self.qtype_id = qtype, QTYPE_IDS[qtype]
+        self.out_features = blocks.shape[0]
+        self.in_features = blocks.shape[1] // BLOCK_BYTES[qtype] * BLOCK_SIZES[qtype]
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.draftwise_cpu.gguf_linear(rows, self.blocks, self.qtype_id, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
+
+
+class ConcatLinear(nn.Module):
+    """Linears side by side: one fused projection whose parts are stored in different types."""
+
+    def __init__(self, parts: list[GGUFLinear], bias: torch.Tensor | None = None):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., sum of the parts' out]
+        out = torch.cat([part(x) for part in self.parts], dim=-1)
+        return out if self.bias is None else out + self.bias

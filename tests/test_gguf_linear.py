@@ -1,0 +1,101 @@
+"""Linears on GGUF blocks as stored (``GGUFLinear``), every supported type: exact against the
+kernel's own arithmetic (the weights as ``gguf`` de-quantizes them, activations rounded to 8 bits
+per 32 values),
+close to the float product, batch invariant; the bundled model runs on them by default."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from draftwise import LLM, SamplingParams
+from draftwise.layers import gguf_linear
+from draftwise.layers.gguf_linear import BLOCK_BYTES, QTYPE_IDS, GGUFLinear
+
+pytestmark = pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU kernels did not build")
+
+
+def _random_k_blocks(qtype: str, out_features: int, in_features: int, rng) -> np.ndarray:
+    """Random k-quant super-blocks (``gguf`` cannot quantize to these) with small fp16 scales."""
+    raw = rng.integers(0, 256, size=(out_features, in_features // 256, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    d, dmin = (np.array([v], np.float16).view(np.uint8) for v in (0.01, 0.005))
+    if qtype == "Q6_K":  # ql, qh, scales, then d
+        raw[..., 208:210] = d
+    else:  # d, dmin first
+        raw[..., 0:2], raw[..., 2:4] = d, dmin
+    return raw.reshape(out_features, -1)
+
+
+def _layer(qtype: str, out_features: int = 48, in_features: int = 512, seed: int = 0):
+    """(GGUFLinear over random weights in ``qtype``, their de-quantized [out, in] fp32 weights by gguf)."""
+    rng = np.random.default_rng(seed)
+    kind = GGMLQuantizationType[qtype]
+    if qtype.endswith("_K"):
+        blocks = _random_k_blocks(qtype, out_features, in_features, rng)
+    else:
+        blocks = quants.quantize(rng.standard_normal((out_features, in_features)).astype(np.float32), kind)
+    return GGUFLinear(torch.from_numpy(blocks), qtype), torch.from_numpy(quants.dequantize(blocks, kind))
+
+
+def _as_kernel_rounds(x: torch.Tensor) -> torch.Tensor:  # [rows, in]
+    """Activations as the kernel sees them: per block of 32, round(x * 127 / max|x|) * max|x| / 127."""
+    blocks = x.reshape(x.shape[0], -1, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    scale = amax / 127
+    q = torch.where(amax > 0, torch.round(blocks * (127 / amax)), 0.0)
+    return (q * scale).reshape_as(x)
+
+
+@pytest.mark.parametrize("qtype", sorted(QTYPE_IDS))
+def test_equals_the_files_weights_times_rounded_activations(qtype):
+    layer, weight = _layer(qtype)
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(1))
+    out = layer(x)
+    exact = (_as_kernel_rounds(x).double() @ weight.double().t()).float()
+    assert torch.allclose(out, exact, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+    product = x @ weight.t()
+    assert ((out - product).norm() / product.norm()) < 0.01  # 8-bit activations
+
+
+@pytest.mark.parametrize("qtype", sorted(QTYPE_IDS))
+def test_a_rows_result_does_not_depend_on_its_batch(qtype):
+    layer, _ = _layer(qtype, out_features=40, in_features=256)
+    x = torch.randn(16, 256, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(16)])
+    for rows in (2, 3, 8, 9, 16):
+        for start in (0, 16 - rows):
+            assert torch.equal(layer(x[start:start + rows]), alone[start:start + rows])
+
+
+def test_bias_and_bf16_inputs():
+    layer, weight = _layer("Q8_0", out_features=32, in_features=64)
+    layer.bias = torch.randn(32)
+    x = torch.randn(3, 64)
+    out = layer(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    ref = x @ weight.t() + layer.bias
+    assert ((out.float() - ref).norm() / ref.norm()) < 0.02
+
+
+def test_bad_blocks_are_refused():
+    with pytest.raises(ValueError, match="IQ4_NL"):
+        GGUFLinear(torch.zeros(4, 144, dtype=torch.uint8), "IQ4_NL")
+    with pytest.raises(ValueError, match=r"\[out, k \* 18\]"):
+        GGUFLinear(torch.zeros(4, 100, dtype=torch.uint8), "Q4_0")
+
+
+@pytest.mark.slow
+def test_bundled_model_runs_on_its_blocks_close_to_fp32():
+    """SmolLM2 Q4_1: with dtype auto every layer linear and the tied head (Q8_0) keep the file's
+    blocks; the first token's logprobs stay close to the de-quantized fp32 model's."""
+    prompt = "Write a Python function that reverses a string."
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    ref = LLM(dtype="float32").generate(prompt, params, use_tqdm=False)[0].outputs[0].logprobs[0]
+    llm = LLM()
+    model = llm.llm_engine.runner.model
+    assert model.num_gguf_linears == 4 * len(model.layers) + 1 and isinstance(model.lm_head, GGUFLinear)
+    out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].logprobs[0]
+    shared = set(ref) & set(out)
+    assert len(shared) >= 3
+    assert all(abs(ref[t].logprob - out[t].logprob) < 0.2 for t in shared)
