@@ -1,8 +1,8 @@
 """``GGUFLinear``: a linear layer whose weight stays in the GGUF file's quantized blocks.
 
 The weight is ``[out_features, row_bytes]`` uint8, each row the blocks of one output feature
-exactly as the file stores them (types in ``QTYPE_IDS``: Q4_0, Q4_1, Q8_0 and the k-quants
-Q4_K, Q5_K, Q6_K that llama.cpp's common presets write). The C++ op
+exactly as the file stores them (types in ``QTYPE_IDS``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the
+k-quants Q4_K, Q5_K, Q6_K that llama.cpp's common presets write). The C++ op
 ``draftwise_cpu::gguf_linear`` (``csrc/gguf_linear.cpp``) quantizes each activation row to
 8 bits per 32 values and takes integer dot products with the blocks, so a step streams
 the file's bytes instead of a de-quantized copy 3-8x their size. Results are batch invariant:
@@ -16,9 +16,10 @@ from torch import nn
 
 from . import native
 
-QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's type ids
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes per block
-BLOCK_SIZES = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # weights per block
+QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,  # bytes per block
+               "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_SIZES = {name: 256 if name.endswith("_K") else 32 for name in QTYPE_IDS}  # weights per block
 
 
 def available() -> bool:

@@ -1,8 +1,8 @@
 // draftwise_cpu::gguf_linear: y = x W^T with W kept as a GGUF file stores it.
 //
 // W is [out_features, row_bytes] uint8: each row holds the blocks of one output feature exactly as
-// ggml-common.h lays them out (Q4_0, Q4_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K: super-blocks of
-// 256). The kernel walks a row in units of 32 weights; `unpack<T>` turns one unit into 32 signed
+// ggml-common.h lays them out (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K:
+// super-blocks of 256). The kernel walks a row in units of 32 weights; `unpack<T>` turns one unit into 32 signed
 // bytes q, a per-16 scale and an offset, so that w_i = scale(i / 16) * q_i + offset. Each
 // activation row is quantized once per call to 8 bits per 32 (d = max|x| / 127, q = round(x / d),
 // as llama.cpp's Q8_0), and an output is the sum over units of d_x * (scale-weighted integer
@@ -33,7 +33,7 @@ namespace {
 
 constexpr int64_t kUnit = 32;
 constexpr int64_t kTile = 8;  // activation rows sharing each unpacked weight unit
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };  // ggml ids
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 struct ActUnit {  // 32 activations, quantized
   int8_t q[kUnit];
@@ -57,6 +57,8 @@ inline float half_at(const uint8_t* p) {
 template <int64_t T> struct Layout;  // bytes per block and units (of 32 weights) per block
 template <> struct Layout<kQ4_0> { static constexpr int64_t bytes = 18, units = 1; };
 template <> struct Layout<kQ4_1> { static constexpr int64_t bytes = 20, units = 1; };
+template <> struct Layout<kQ5_0> { static constexpr int64_t bytes = 22, units = 1; };
+template <> struct Layout<kQ5_1> { static constexpr int64_t bytes = 24, units = 1; };
 template <> struct Layout<kQ8_0> { static constexpr int64_t bytes = 34, units = 1; };
 template <> struct Layout<kQ4_K> { static constexpr int64_t bytes = 144, units = 8; };
 template <> struct Layout<kQ5_K> { static constexpr int64_t bytes = 176, units = 8; };
@@ -83,6 +85,17 @@ void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
     for (int i = 0; i < 16; ++i) w->q[i] = (qs[i] & 0xF) - bias, w->q[i + 16] = (qs[i] >> 4) - bias;
     w->scale[0] = w->scale[1] = half_at(b);
     w->offset = T == kQ4_1 ? half_at(b + 2) : 0.f;
+  } else if (T == kQ5_0 || T == kQ5_1) {  // d, (m,) 32 fifth bits, 16 bytes of nibbles
+    const uint8_t* qs = b + (T == kQ5_1 ? 8 : 6);
+    uint32_t high;
+    std::memcpy(&high, b + (T == kQ5_1 ? 4 : 2), 4);
+    const int bias = T == kQ5_0 ? 16 : 0;
+    for (int i = 0; i < 16; ++i) {
+      w->q[i] = ((qs[i] & 0xF) | (((high >> i) & 1) << 4)) - bias;
+      w->q[i + 16] = ((qs[i] >> 4) | (((high >> (i + 16)) & 1) << 4)) - bias;
+    }
+    w->scale[0] = w->scale[1] = half_at(b);
+    w->offset = T == kQ5_1 ? half_at(b + 2) : 0.f;
   } else if (T == kQ8_0) {
     std::memcpy(w->q, b + 2, kUnit);
     w->scale[0] = w->scale[1] = half_at(b);
@@ -142,6 +155,16 @@ inline __m256i nibbles(const uint8_t* p16) {  // 16 bytes -> low nibbles (0-15),
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+inline __m256i bits_to_bytes(const uint8_t* p4) {  // 32 bits -> 32 bytes, 0xFF where the bit is set
+  uint32_t bits;
+  std::memcpy(&bits, p4, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                               0x0101010101010101, 0x0000000000000000));
+  const __m256i others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));
+}
+
 // unpack<T> in registers: q as 32 signed bytes, the per-lane scale (lanes 0-3: weights 0-15).
 template <int64_t T>
 inline __m256i unpack_simd(const uint8_t* row, int64_t u, __m256* scale, float* offset) {
@@ -154,6 +177,13 @@ inline __m256i unpack_simd(const uint8_t* row, int64_t u, __m256* scale, float* 
     if (T == kQ8_0) return load32(b + 2);
     const __m256i q = nibbles(b + (T == kQ4_1 ? 4 : 2));
     return T == kQ4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
+  }
+  if (T == kQ5_0 || T == kQ5_1) {
+    *scale = _mm256_set1_ps(half_at(b));
+    *offset = T == kQ5_1 ? half_at(b + 2) : 0.f;
+    const __m256i high = _mm256_and_si256(bits_to_bytes(b + (T == kQ5_1 ? 4 : 2)), _mm256_set1_epi8(16));
+    const __m256i q = _mm256_or_si256(nibbles(b + (T == kQ5_1 ? 8 : 6)), high);
+    return T == kQ5_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;
   }
   if (T == kQ4_K || T == kQ5_K) {
     float sc, m;
@@ -265,6 +295,8 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
   switch (qtype) {
     case kQ4_0: expected = row_bytes_of<kQ4_0>(in_features); break;
     case kQ4_1: expected = row_bytes_of<kQ4_1>(in_features); break;
+    case kQ5_0: expected = row_bytes_of<kQ5_0>(in_features); break;
+    case kQ5_1: expected = row_bytes_of<kQ5_1>(in_features); break;
     case kQ8_0: expected = row_bytes_of<kQ8_0>(in_features); break;
     case kQ4_K: expected = row_bytes_of<kQ4_K>(in_features); break;
     case kQ5_K: expected = row_bytes_of<kQ5_K>(in_features); break;
@@ -282,6 +314,8 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
   switch (qtype) {
     case kQ4_0: run<kQ4_0>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ4_1: run<kQ4_1>(wp, out_features, num_units, act.data(), num_rows, y); break;
+    case kQ5_0: run<kQ5_0>(wp, out_features, num_units, act.data(), num_rows, y); break;
+    case kQ5_1: run<kQ5_1>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ8_0: run<kQ8_0>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ4_K: run<kQ4_K>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ5_K: run<kQ5_K>(wp, out_features, num_units, act.data(), num_rows, y); break;
