@@ -2,18 +2,20 @@
 //
 // W is [out_features, row_bytes] uint8: each row holds the blocks of one output feature exactly as
 // ggml-common.h lays them out (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K:
-// super-blocks of 256). The kernel walks a row in units of 32 weights; `unpack<T>` turns one unit into 32 signed
-// bytes q, a per-16 scale and an offset, so that w_i = scale(i / 16) * q_i + offset. Each
-// activation row is quantized once per call to 8 bits per 32 (d = max|x| / 127, q = round(x / d),
-// as llama.cpp's Q8_0), and an output is the sum over units of d_x * (scale-weighted integer
-// dot) + offset * d_x * sum(q_x). The integer dot is vpdpbusd where the CPU has AVX-VNNI or
+// super-blocks of 256). The kernel walks a row in units of 32 weights; a unit is its block's codes
+// u (unsigned; Q8_0's are signed bytes) with a scale and an offset per half of 16, so that
+// w_i = scale * u_i + offset (Q4_0's -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each
+// activation row is quantized once per call to 8 bits per 32 values (d = max|x| / 127, q =
+// round(x / d), as llama.cpp's Q8_0), and an output sums, per half unit, d * scale * (integer dot
+// of u and q) + offset * d * sum(q). The integer dots are vpdpbusd where the CPU has AVX-VNNI or
 // AVX512-VNNI, vpmaddubsw + vpmaddwd on AVX2 (the library is built with -march=native on the
-// machine that runs it), scalar code elsewhere.
+// machine that runs it), scalar code elsewhere; the dots of 4 units are reduced to their 8 half
+// sums together and scaled in one vector operation.
 //
-// Threads split the output features. A unpacked weight unit is used for up to kTile activation
-// rows, each with its own accumulators, so a verify step's few rows cost about what one row
-// costs. Every output depends only on its own activation row and weight row, summed in a fixed
-// order: a row's result does not depend on how many rows share the call (batch invariance).
+// Threads split the output features. A group of unpacked weight units is used for up to kTile
+// activation rows, each with its own accumulators, so a verify step's few rows cost less than that
+// many single rows. Every output depends only on its own activation row and weight row, summed in
+// a fixed order: a row's result does not depend on how many rows share the call (batch invariance).
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -32,26 +34,34 @@
 namespace {
 
 constexpr int64_t kUnit = 32;
-constexpr int64_t kTile = 8;  // activation rows sharing each unpacked weight unit
+constexpr int64_t kGroup = 4;  // units whose integer dots are reduced and scaled together
+constexpr int64_t kTile = 8;   // activation rows sharing each unpacked group of weights
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
-struct ActUnit {  // 32 activations, quantized
-  int8_t q[kUnit];
-  float d;   // scale
-  float ds;  // d * sum(q): what the unit's weight offset multiplies
+// kGroup units of one activation row, quantized. Lane k of `d` / `ds` belongs to half k / kGroup
+// (values 0-15 or 16-31) of unit k % kGroup: d = the unit's scale, ds = d * sum(q) over the half.
+struct ActGroup {
+  int8_t q[kGroup][kUnit];
+  float d[2 * kGroup];
+  float ds[2 * kGroup];
 };
 
-// One unit of weights: w_i = scale[i / 16] * q[i] + offset.
+// One unit of weights as the kernel reads it: w_i = scale[h] * u_i + offset[h] for h = i / 16,
+// u_i the block's unsigned codes (Q8_0: its signed bytes).
 struct WeightUnit {
-  int8_t q[kUnit];
+  uint8_t u[kUnit];
   float scale[2];
-  float offset;
+  float offset[2];
 };
 
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 template <int64_t T> struct Layout;  // bytes per block and units (of 32 weights) per block
@@ -74,86 +84,88 @@ inline void scale_min_k4(int64_t j, const uint8_t* q, float* sc, float* m) {
   }
 }
 
+// The scales and offsets of unit `s` of block `b` (both halves).
+template <int64_t T>
+inline void unit_scales(const uint8_t* b, int64_t s, float* scale, float* offset) {
+  if (T == kQ6_K) {  // ql[128], qh[64], int8 scales[16], d: one scale per 16, codes 0-63 around 32
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * (s / 4) + 2 * (s % 4);
+    const float d = half_at(b + 208);
+    scale[0] = d * sc[0], scale[1] = d * sc[1];
+    offset[0] = -32.f * scale[0], offset[1] = -32.f * scale[1];
+    return;
+  }
+  float sc = 1.f, min = 0.f;
+  if (T == kQ4_K || T == kQ5_K) {
+    scale_min_k4(s, b + 4, &sc, &min);
+    sc *= half_at(b), min *= -half_at(b + 2);
+  } else {
+    sc = half_at(b);
+    min = T == kQ4_1 || T == kQ5_1 ? half_at(b + 2) : T == kQ4_0 ? -8.f * sc : T == kQ5_0 ? -16.f * sc : 0.f;
+  }
+  scale[0] = scale[1] = sc;
+  offset[0] = offset[1] = min;
+}
+
 // The weights of unit `u` of a row, scalar (the reference the SIMD loads below follow).
 template <int64_t T>
 void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
   const uint8_t* b = row + (u / Layout<T>::units) * Layout<T>::bytes;
   const int64_t s = u % Layout<T>::units;  // unit within its block
-  if (T == kQ4_0 || T == kQ4_1) {
-    const uint8_t* qs = b + (T == kQ4_1 ? 4 : 2);
-    const int bias = T == kQ4_0 ? 8 : 0;
-    for (int i = 0; i < 16; ++i) w->q[i] = (qs[i] & 0xF) - bias, w->q[i + 16] = (qs[i] >> 4) - bias;
-    w->scale[0] = w->scale[1] = half_at(b);
-    w->offset = T == kQ4_1 ? half_at(b + 2) : 0.f;
-  } else if (T == kQ5_0 || T == kQ5_1) {  // d, (m,) 32 fifth bits, 16 bytes of nibbles
-    const uint8_t* qs = b + (T == kQ5_1 ? 8 : 6);
-    uint32_t high;
-    std::memcpy(&high, b + (T == kQ5_1 ? 4 : 2), 4);
-    const int bias = T == kQ5_0 ? 16 : 0;
+  unit_scales<T>(b, s, w->scale, w->offset);
+  if (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1) {
+    const bool five = T == kQ5_0 || T == kQ5_1;
+    const uint8_t* qs = b + (T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8);
+    uint32_t high = 0;
+    if (five) std::memcpy(&high, b + (T == kQ5_0 ? 2 : 4), 4);
     for (int i = 0; i < 16; ++i) {
-      w->q[i] = ((qs[i] & 0xF) | (((high >> i) & 1) << 4)) - bias;
-      w->q[i + 16] = ((qs[i] >> 4) | (((high >> (i + 16)) & 1) << 4)) - bias;
+      w->u[i] = (qs[i] & 0xF) | (five ? ((high >> i) & 1) << 4 : 0);
+      w->u[i + 16] = (qs[i] >> 4) | (five ? ((high >> (i + 16)) & 1) << 4 : 0);
     }
-    w->scale[0] = w->scale[1] = half_at(b);
-    w->offset = T == kQ5_1 ? half_at(b + 2) : 0.f;
   } else if (T == kQ8_0) {
-    std::memcpy(w->q, b + 2, kUnit);
-    w->scale[0] = w->scale[1] = half_at(b);
-    w->offset = 0.f;
+    std::memcpy(w->u, b + 2, kUnit);
   } else if (T == kQ4_K || T == kQ5_K) {
     const uint8_t* qs = b + (T == kQ5_K ? 48 : 16) + (s / 2) * 32;
-    const int shift = (s % 2) * 4;
-    for (int i = 0; i < kUnit; ++i) {
-      int q = (qs[i] >> shift) & 0xF;
-      if (T == kQ5_K) q |= ((b[16 + i] >> s) & 1) << 4;
-      w->q[i] = static_cast<int8_t>(q);
-    }
-    float sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
-    w->scale[0] = w->scale[1] = half_at(b) * sc;
-    w->offset = -half_at(b + 2) * m;
-  } else {  // Q6_K: ql[128], qh[64], scales[16] int8, d
+    for (int i = 0; i < kUnit; ++i)
+      w->u[i] = ((qs[i] >> ((s % 2) * 4)) & 0xF) | (T == kQ5_K ? ((b[16 + i] >> s) & 1) << 4 : 0);
+  } else {  // Q6_K
     const int64_t h = s / 4, k = s % 4;
     const uint8_t* ql = b + 64 * h + (k & 1) * 32;
     const uint8_t* qh = b + 128 + 32 * h;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * k;
-    for (int i = 0; i < kUnit; ++i) {
-      const int low = k >= 2 ? ql[i] >> 4 : ql[i] & 0xF;
-      w->q[i] = static_cast<int8_t>((low | (((qh[i] >> (2 * k)) & 3) << 4)) - 32);
-    }
-    const float d = half_at(b + 208);
-    w->scale[0] = d * sc[0], w->scale[1] = d * sc[1];
-    w->offset = 0.f;
+    for (int i = 0; i < kUnit; ++i)
+      w->u[i] = ((k >= 2 ? ql[i] >> 4 : ql[i] & 0xF)) | (((qh[i] >> (2 * k)) & 3) << 4);
   }
 }
 
-void quantize_rows(const float* x, int64_t num_rows, int64_t in_features, ActUnit* out) {
+// Each row to int8 per 32 values (d = max|x| / 127, q = round(x / d)), in groups; units past the
+// row's end are zero.
+void quantize_rows(const float* x, int64_t num_rows, int64_t in_features, int64_t num_groups, ActGroup* out) {
+  std::memset(out, 0, sizeof(ActGroup) * num_rows * num_groups);
   const int64_t num_units = in_features / kUnit;
   for (int64_t r = 0; r < num_rows; ++r)
     for (int64_t u = 0; u < num_units; ++u) {
       const float* src = x + r * in_features + u * kUnit;
+      ActGroup& g = out[r * num_groups + u / kGroup];
+      const int64_t j = u % kGroup;
       float amax = 0.f;
       for (int64_t i = 0; i < kUnit; ++i) amax = std::max(amax, std::fabs(src[i]));
-      ActUnit& dst = out[r * num_units + u];
-      dst.d = amax / 127.f;
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t sum = 0;
+      const float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t sum[2] = {0, 0};
       for (int64_t i = 0; i < kUnit; ++i) {
-        dst.q[i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
-        sum += dst.q[i];
+        g.q[j][i] = static_cast<int8_t>(std::nearbyint(src[i] * inv));
+        sum[i / 16] += g.q[j][i];
       }
-      dst.ds = dst.d * static_cast<float>(sum);
+      for (int h = 0; h < 2; ++h) g.d[h * kGroup + j] = d, g.ds[h * kGroup + j] = d * static_cast<float>(sum[h]);
     }
 }
 
 #if defined(__AVX2__)
-inline __m256i nibbles(const uint8_t* p16) {  // 16 bytes -> low nibbles (0-15), then high (16-31)
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+inline __m256i nibbles(const uint8_t* p16) {  // 16 bytes -> low nibbles (values 0-15), then high (16-31)
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p16));
   const __m128i low = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
 }
-
-inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline __m256i bits_to_bytes(const uint8_t* p4) {  // 32 bits -> 32 bytes, 0xFF where the bit is set
   uint32_t bits;
@@ -165,49 +177,36 @@ inline __m256i bits_to_bytes(const uint8_t* p4) {  // 32 bits -> 32 bytes, 0xFF 
   return _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));
 }
 
-// unpack<T> in registers: q as 32 signed bytes, the per-lane scale (lanes 0-3: weights 0-15).
+// unpack<T>'s codes in a register.
 template <int64_t T>
-inline __m256i unpack_simd(const uint8_t* row, int64_t u, __m256* scale, float* offset) {
+inline __m256i codes(const uint8_t* row, int64_t u) {
   const uint8_t* b = row + (u / Layout<T>::units) * Layout<T>::bytes;
   const int64_t s = u % Layout<T>::units;
   const __m256i mask4 = _mm256_set1_epi8(0x0F);
-  if (T == kQ4_0 || T == kQ4_1 || T == kQ8_0) {
-    *scale = _mm256_set1_ps(half_at(b));
-    *offset = T == kQ4_1 ? half_at(b + 2) : 0.f;
-    if (T == kQ8_0) return load32(b + 2);
-    const __m256i q = nibbles(b + (T == kQ4_1 ? 4 : 2));
-    return T == kQ4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
-  }
+  if (T == kQ8_0) return load32(b + 2);
+  if (T == kQ4_0 || T == kQ4_1) return nibbles(b + (T == kQ4_1 ? 4 : 2));
   if (T == kQ5_0 || T == kQ5_1) {
-    *scale = _mm256_set1_ps(half_at(b));
-    *offset = T == kQ5_1 ? half_at(b + 2) : 0.f;
     const __m256i high = _mm256_and_si256(bits_to_bytes(b + (T == kQ5_1 ? 4 : 2)), _mm256_set1_epi8(16));
-    const __m256i q = _mm256_or_si256(nibbles(b + (T == kQ5_1 ? 8 : 6)), high);
-    return T == kQ5_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(16)) : q;
+    return _mm256_or_si256(nibbles(b + (T == kQ5_1 ? 8 : 6)), high);
   }
   if (T == kQ4_K || T == kQ5_K) {
-    float sc, m;
-    scale_min_k4(s, b + 4, &sc, &m);
-    *scale = _mm256_set1_ps(half_at(b) * sc);
-    *offset = -half_at(b + 2) * m;
     const __m256i raw = load32(b + (T == kQ5_K ? 48 : 16) + (s / 2) * 32);
-    __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, (s % 2) * 4), mask4);
-    if (T == kQ5_K) {
-      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load32(b + 16), s), _mm256_set1_epi8(1));
-      q = _mm256_or_si256(q, _mm256_slli_epi16(high, 4));
-    }
-    return q;
+    const __m256i q = _mm256_and_si256(_mm256_srli_epi16(raw, (s % 2) * 4), mask4);
+    if (T == kQ4_K) return q;
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(load32(b + 16), s), _mm256_set1_epi8(1));
+    return _mm256_or_si256(q, _mm256_slli_epi16(high, 4));
   }
   const int64_t h = s / 4, k = s % 4;  // Q6_K
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * k;
-  const float d = half_at(b + 208);
-  *scale = _mm256_setr_m128(_mm_set1_ps(d * sc[0]), _mm_set1_ps(d * sc[1]));
-  *offset = 0.f;
-  const __m256i ql = load32(b + 64 * h + (k & 1) * 32);
-  const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, k >= 2 ? 4 : 0), mask4);
+  const __m256i low = _mm256_and_si256(_mm256_srli_epi16(load32(b + 64 * h + (k & 1) * 32), k >= 2 ? 4 : 0), mask4);
   const __m256i qh = _mm256_and_si256(_mm256_srli_epi16(load32(b + 128 + 32 * h), 2 * k), _mm256_set1_epi8(3));
-  return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(qh, 4)), _mm256_set1_epi8(32));
+  return _mm256_or_si256(low, _mm256_slli_epi16(qh, 4));
 }
+
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr bool kVnni = true;  // vpdpbusd: no int16 intermediate, so Q8_0 codes may be biased to 0..255
+#else
+constexpr bool kVnni = false;
+#endif
 
 // Integer dot of 32 unsigned bytes with 32 signed bytes, as 8 int32 lanes (lane i: bytes 4i..4i+3).
 inline __m256i dot_u8_s8(__m256i u, __m256i s) {
@@ -225,54 +224,128 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// out[m] = dot of weight row `row` with activation rows act + m * num_units, m < rows (<= kTile).
+// The 8 half-unit scales and offsets of a whole group g (lane layout as ActGroup's), in registers.
 template <int64_t T>
-void dot_tile(const uint8_t* row, int64_t num_units, const ActUnit* act, int64_t rows, float* out) {
+inline void group_scales(const uint8_t* row, int64_t g, __m256* scale, __m256* offset) {
+  const int64_t u0 = g * kGroup;
+  const uint8_t* b = row + (u0 / Layout<T>::units) * Layout<T>::bytes;
+  if (Layout<T>::units == 1) {  // one block per unit: its fp16 d (and m) at a fixed stride
+    uint16_t d[kGroup], m[kGroup];
+    for (int64_t j = 0; j < kGroup; ++j) {
+      std::memcpy(&d[j], b + j * Layout<T>::bytes, 2);
+      std::memcpy(&m[j], b + j * Layout<T>::bytes + 2, 2);
+    }
+    const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d)));
+    *scale = _mm256_set_m128(d4, d4);
+    if (T == kQ4_1 || T == kQ5_1) {
+      const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+      *offset = _mm256_set_m128(m4, m4);
+    } else {
+      *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(T == kQ4_0 ? -8.f : T == kQ5_0 ? -16.f : 0.f));
+    }
+    return;
+  }
+  const int64_t s0 = u0 % Layout<T>::units;  // 0 or 4: a group never straddles a super-block
+  if (T == kQ6_K) {  // int8 scales, two per unit, in unit order: [u0h0 u0h1 u1h0 u1h1 ...]
+    const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 192 + 8 * (s0 / 4)));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+    const __m256 ordered = _mm256_permutevar8x32_ps(sc, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    *scale = _mm256_mul_ps(ordered, _mm256_set1_ps(half_at(b + 208)));
+    *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(-32.f));
+    return;
+  }
+  alignas(16) float sc[kGroup], mn[kGroup];  // Q4_K / Q5_K: 6-bit scales and mins
+  for (int64_t j = 0; j < kGroup; ++j) scale_min_k4(s0 + j, b + 4, &sc[j], &mn[j]);
+  const __m128 sc4 = _mm_mul_ps(_mm_load_ps(sc), _mm_set1_ps(half_at(b)));
+  const __m128 mn4 = _mm_mul_ps(_mm_load_ps(mn), _mm_set1_ps(-half_at(b + 2)));
+  *scale = _mm256_set_m128(sc4, sc4);
+  *offset = _mm256_set_m128(mn4, mn4);
+}
+
+// The same for a last group that holds fewer than kGroup units (zeros past the row's end).
+template <int64_t T>
+inline void partial_group_scales(const uint8_t* row, int64_t g, int64_t num_units, __m256* scale, __m256* offset) {
+  alignas(32) float sc[2 * kGroup] = {}, off[2 * kGroup] = {};
+  for (int64_t u = g * kGroup; u < num_units; ++u) {
+    float s2[2], o2[2];
+    unit_scales<T>(row + (u / Layout<T>::units) * Layout<T>::bytes, u % Layout<T>::units, s2, o2);
+    const int64_t j = u % kGroup;
+    sc[j] = s2[0], sc[kGroup + j] = s2[1], off[j] = o2[0], off[kGroup + j] = o2[1];
+  }
+  *scale = _mm256_load_ps(sc), *offset = _mm256_load_ps(off);
+}
+
+// out[m] = dot of weight row `row` with activation rows act + m * num_groups, m < rows (<= kTile).
+template <int64_t T>
+void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+              float* out) {
+  // Q8_0's signed codes: with VNNI biased by 128 (the bias joins the offset), else |w| x sign(w) a.
+  constexpr bool kBiased = T == kQ8_0 && kVnni, kSigned = T == kQ8_0 && !kVnni;
   __m256 acc[kTile];
-  float offset[kTile];
-  for (int64_t m = 0; m < rows; ++m) acc[m] = _mm256_setzero_ps(), offset[m] = 0.f;
-  for (int64_t u = 0; u < num_units; ++u) {
-    __m256 scale;
-    float unit_offset;
-    const __m256i wq = unpack_simd<T>(row, u, &scale, &unit_offset);
-    const __m256i wabs = _mm256_sign_epi8(wq, wq);
+  for (int64_t m = 0; m < rows; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < num_groups; ++g) {
+    __m256i w[kGroup], wabs[kGroup];
+    const bool whole = (g + 1) * kGroup <= num_units;
+    for (int64_t j = 0; j < kGroup; ++j) {
+      const int64_t u = g * kGroup + j;
+      w[j] = whole || u < num_units ? codes<T>(row, u) : _mm256_setzero_si256();
+      if (kBiased) w[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
+      wabs[j] = kSigned ? _mm256_sign_epi8(w[j], w[j]) : w[j];
+    }
+    __m256 scales, offsets;
+    if (whole) {
+      group_scales<T>(row, g, &scales, &offsets);
+    } else {
+      partial_group_scales<T>(row, g, num_units, &scales, &offsets);
+    }
+    if (kBiased) offsets = _mm256_mul_ps(scales, _mm256_set1_ps(-128.f));
     for (int64_t m = 0; m < rows; ++m) {
-      const ActUnit& a = act[m * num_units + u];
-      const __m256i aq = _mm256_sign_epi8(load32(reinterpret_cast<const uint8_t*>(a.q)), wq);  // |w| x sign(w) a
-      const __m256 dots = _mm256_cvtepi32_ps(dot_u8_s8(wabs, aq));
-      acc[m] = _mm256_fmadd_ps(dots, _mm256_mul_ps(scale, _mm256_set1_ps(a.d)), acc[m]);
-      offset[m] += unit_offset * a.ds;
+      const ActGroup& a = act[m * num_groups + g];
+      __m256i dots[kGroup];
+      for (int64_t j = 0; j < kGroup; ++j) {
+        const __m256i aq = kSigned ? _mm256_sign_epi8(load32(a.q[j]), w[j]) : load32(a.q[j]);
+        dots[j] = dot_u8_s8(wabs[j], aq);
+      }
+      // Lanes 0-3: the first halves of units 0-3; lanes 4-7: their second halves.
+      const __m256i halves = _mm256_hadd_epi32(_mm256_hadd_epi32(dots[0], dots[1]), _mm256_hadd_epi32(dots[2], dots[3]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(halves), _mm256_mul_ps(scales, _mm256_loadu_ps(a.d)), acc[m]);
+      acc[m] = _mm256_fmadd_ps(offsets, _mm256_loadu_ps(a.ds), acc[m]);
     }
   }
-  for (int64_t m = 0; m < rows; ++m) out[m] = hsum(acc[m]) + offset[m];
+  for (int64_t m = 0; m < rows; ++m) out[m] = hsum(acc[m]);
 }
 #else
 template <int64_t T>
-void dot_tile(const uint8_t* row, int64_t num_units, const ActUnit* act, int64_t rows, float* out) {
+void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+              float* out) {
   for (int64_t m = 0; m < rows; ++m) out[m] = 0.f;
   WeightUnit w;
   for (int64_t u = 0; u < num_units; ++u) {
     unpack<T>(row, u, &w);
+    const int64_t g = u / kGroup, j = u % kGroup;
     for (int64_t m = 0; m < rows; ++m) {
-      const ActUnit& a = act[m * num_units + u];
+      const ActGroup& a = act[m * num_groups + g];
       int32_t dot[2] = {0, 0};
-      for (int64_t i = 0; i < kUnit; ++i) dot[i / 16] += w.q[i] * a.q[i];
-      out[m] += a.d * (w.scale[0] * dot[0] + w.scale[1] * dot[1]) + w.offset * a.ds;
+      for (int64_t i = 0; i < kUnit; ++i)
+        dot[i / 16] += (T == kQ8_0 ? static_cast<int8_t>(w.u[i]) : static_cast<int32_t>(w.u[i])) * a.q[j][i];
+      for (int h = 0; h < 2; ++h)
+        out[m] += w.scale[h] * a.d[h * kGroup + j] * static_cast<float>(dot[h]) + w.offset[h] * a.ds[h * kGroup + j];
     }
   }
 }
 #endif
 
 template <int64_t T>
-void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActUnit* act, int64_t num_rows,
+void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act, int64_t num_rows,
          float* y) {
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
+  const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
     float tile[kTile];
     for (int64_t n = begin; n < end; ++n)
       for (int64_t m0 = 0; m0 < num_rows; m0 += kTile) {
         const int64_t rows = std::min(kTile, num_rows - m0);
-        dot_tile<T>(weight + n * row_bytes, num_units, act + m0 * num_units, rows, tile);
+        dot_tile<T>(weight + n * row_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
         for (int64_t m = 0; m < rows; ++m) y[(m0 + m) * out_features + n] = tile[m];
       }
   });
@@ -305,9 +378,9 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
   }
   TORCH_CHECK(expected == w.size(1), "gguf_linear: weight rows of ", w.size(1), " bytes do not hold ",
               in_features, " weights of type ", qtype);
-  const int64_t num_units = in_features / kUnit;
-  std::vector<ActUnit> act(num_rows * num_units);
-  quantize_rows(input.data_ptr<float>(), num_rows, in_features, act.data());
+  const int64_t num_units = in_features / kUnit, num_groups = (num_units + kGroup - 1) / kGroup;
+  std::vector<ActGroup> act(num_rows * num_groups);
+  quantize_rows(input.data_ptr<float>(), num_rows, in_features, num_groups, act.data());
   at::Tensor out = at::empty({num_rows, out_features}, input.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
