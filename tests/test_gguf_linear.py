@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, quants
 
 from draftwise import LLM, SamplingParams
 from draftwise.layers import gguf_linear
-from draftwise.layers.gguf_linear import BLOCK_BYTES, QTYPE_IDS, GGUFLinear
+from draftwise.layers.gguf_linear import BLOCK_BYTES, QTYPE_IDS, REPACKED, GGUFLinear
 
 pytestmark = pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU kernels did not build")
 
@@ -99,3 +99,17 @@ def test_bundled_model_runs_on_its_blocks_close_to_fp32():
     shared = set(ref) & set(out)
     assert len(shared) >= 3
     assert all(abs(ref[t].logprob - out[t].logprob) < 0.2 for t in shared)
+
+
+@pytest.mark.parametrize("qtype", REPACKED)
+def test_repacked_rows_give_the_very_same_results(qtype):
+    """Q4_0 / Q4_1 / Q8_0 rows are repacked at load; a width whose last group is partial (18 units)
+    included, the outputs equal the file layout's bit for bit, at every row count."""
+    rng = np.random.default_rng(3)
+    blocks = quants.quantize(rng.standard_normal((24, 576)).astype(np.float32), GGMLQuantizationType[qtype])
+    layer = GGUFLinear(torch.from_numpy(blocks), qtype)
+    assert layer.packed and not torch.equal(layer.blocks, torch.from_numpy(blocks))
+    for rows in (1, 3, 9):
+        x = torch.randn(rows, 576)
+        as_stored = torch.ops.draftwise_cpu.gguf_linear(x, torch.from_numpy(blocks), layer.qtype_id, False, None)
+        assert torch.equal(layer(x), as_stored)

@@ -3,7 +3,8 @@
 The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over the
 paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``),
 ``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``)
-and ``draftwise_cpu::gguf_linear`` (linears on GGUF blocks as stored, ``layers/gguf_linear.py``).
+and ``draftwise_cpu::gguf_linear`` / ``gguf_repack`` (linears on GGUF blocks as stored,
+``layers/gguf_linear.py``).
 ``load()`` compiles ``csrc/*.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
@@ -28,7 +29,8 @@ from torch.utils import cpp_extension
 
 from .cpu_info import cpu_signature
 
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp"))
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp"))
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 logger = logging.getLogger("draftwise")
 
@@ -55,13 +57,15 @@ def packed_linear_fake(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     return x.new_empty(x.shape[0], packed.shape[0])  # [num_rows, out_features]
 
 
-def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, packed: bool,
+                     bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])  # [num_rows, out_features]
 
 
 def build_key() -> str:
     """What the built library depends on: its source, the torch version and the CPU."""
-    key = json.dumps([[s.read_text() for s in SOURCES], torch.__version__, cpu_signature()], sort_keys=True)
+    sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))  # headers change the build too
+    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

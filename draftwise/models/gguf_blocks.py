@@ -74,11 +74,12 @@ def _load(cache_dir: Path, gguf_path: Path, config, num_layers: int):
     return blocks, types
 
 
-def _fused(parts: list[GGUFLinear], bias: torch.Tensor | None) -> nn.Module:
-    """One module for a fused projection: its parts' blocks joined where they share a type."""
-    if len({p.qtype for p in parts}) == 1:
-        return GGUFLinear(torch.cat([p.blocks for p in parts]), parts[0].qtype, bias)
-    return ConcatLinear(parts, bias)
+def _fused(parts: list[tuple[torch.Tensor, str]], bias: torch.Tensor | None) -> nn.Module:
+    """One module for a fused projection from its parts' (blocks, type): one ``GGUFLinear`` over
+    the joined rows where they share a type, side by side otherwise."""
+    if len({qtype for _, qtype in parts}) == 1:
+        return GGUFLinear(torch.cat([blocks for blocks, _ in parts]), parts[0][1], bias)
+    return ConcatLinear([GGUFLinear(blocks, qtype) for blocks, qtype in parts], bias)
 
 
 def apply_gguf_blocks(model, gguf_path: Path, cache_dir: Path) -> int:
@@ -90,7 +91,7 @@ def apply_gguf_blocks(model, gguf_path: Path, cache_dir: Path) -> int:
         for module, names in _FUSED.items():
             keys = [f"layers.{i}.{module}.{j}" for j in range(len(names))]
             if all(key in types for key in keys):
-                parts = [GGUFLinear(blocks[key], types[key]) for key in keys]
+                parts = [(blocks[key], types[key]) for key in keys]
                 setattr(layer, module, _fused(parts, getattr(getattr(layer, module), "bias", None)))
                 swapped += 1
     return swapped

@@ -16,6 +16,8 @@
 // activation rows, each with its own accumulators, so a verify step's few rows cost less than that
 // many single rows. Every output depends only on its own activation row and weight row, summed in
 // a fixed order: a row's result does not depend on how many rows share the call (batch invariance).
+#include "gguf_blocks.h"
+
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -33,10 +35,7 @@
 
 namespace {
 
-constexpr int64_t kUnit = 32;
-constexpr int64_t kGroup = 4;  // units whose integer dots are reduced and scaled together
-constexpr int64_t kTile = 8;   // activation rows sharing each unpacked group of weights
-enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+using namespace draftwise_gguf;
 
 // kGroup units of one activation row, quantized. Lane k of `d` / `ds` belongs to half k / kGroup
 // (values 0-15 or 16-31) of unit k % kGroup: d = the unit's scale, ds = d * sum(q) over the half.
@@ -45,96 +44,6 @@ struct ActGroup {
   float d[2 * kGroup];
   float ds[2 * kGroup];
 };
-
-// One unit of weights as the kernel reads it: w_i = scale[h] * u_i + offset[h] for h = i / 16,
-// u_i the block's unsigned codes (Q8_0: its signed bytes).
-struct WeightUnit {
-  uint8_t u[kUnit];
-  float scale[2];
-  float offset[2];
-};
-
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
-}
-
-template <int64_t T> struct Layout;  // bytes per block and units (of 32 weights) per block
-template <> struct Layout<kQ4_0> { static constexpr int64_t bytes = 18, units = 1; };
-template <> struct Layout<kQ4_1> { static constexpr int64_t bytes = 20, units = 1; };
-template <> struct Layout<kQ5_0> { static constexpr int64_t bytes = 22, units = 1; };
-template <> struct Layout<kQ5_1> { static constexpr int64_t bytes = 24, units = 1; };
-template <> struct Layout<kQ8_0> { static constexpr int64_t bytes = 34, units = 1; };
-template <> struct Layout<kQ4_K> { static constexpr int64_t bytes = 144, units = 8; };
-template <> struct Layout<kQ5_K> { static constexpr int64_t bytes = 176, units = 8; };
-template <> struct Layout<kQ6_K> { static constexpr int64_t bytes = 210, units = 8; };
-
-// Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes.
-inline void scale_min_k4(int64_t j, const uint8_t* q, float* sc, float* m) {
-  if (j < 4) {
-    *sc = q[j] & 63, *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-// The scales and offsets of unit `s` of block `b` (both halves).
-template <int64_t T>
-inline void unit_scales(const uint8_t* b, int64_t s, float* scale, float* offset) {
-  if (T == kQ6_K) {  // ql[128], qh[64], int8 scales[16], d: one scale per 16, codes 0-63 around 32
-    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * (s / 4) + 2 * (s % 4);
-    const float d = half_at(b + 208);
-    scale[0] = d * sc[0], scale[1] = d * sc[1];
-    offset[0] = -32.f * scale[0], offset[1] = -32.f * scale[1];
-    return;
-  }
-  float sc = 1.f, min = 0.f;
-  if (T == kQ4_K || T == kQ5_K) {
-    scale_min_k4(s, b + 4, &sc, &min);
-    sc *= half_at(b), min *= -half_at(b + 2);
-  } else {
-    sc = half_at(b);
-    min = T == kQ4_1 || T == kQ5_1 ? half_at(b + 2) : T == kQ4_0 ? -8.f * sc : T == kQ5_0 ? -16.f * sc : 0.f;
-  }
-  scale[0] = scale[1] = sc;
-  offset[0] = offset[1] = min;
-}
-
-// The weights of unit `u` of a row, scalar (the reference the SIMD loads below follow).
-template <int64_t T>
-void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
-  const uint8_t* b = row + (u / Layout<T>::units) * Layout<T>::bytes;
-  const int64_t s = u % Layout<T>::units;  // unit within its block
-  unit_scales<T>(b, s, w->scale, w->offset);
-  if (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1) {
-    const bool five = T == kQ5_0 || T == kQ5_1;
-    const uint8_t* qs = b + (T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8);
-    uint32_t high = 0;
-    if (five) std::memcpy(&high, b + (T == kQ5_0 ? 2 : 4), 4);
-    for (int i = 0; i < 16; ++i) {
-      w->u[i] = (qs[i] & 0xF) | (five ? ((high >> i) & 1) << 4 : 0);
-      w->u[i + 16] = (qs[i] >> 4) | (five ? ((high >> (i + 16)) & 1) << 4 : 0);
-    }
-  } else if (T == kQ8_0) {
-    std::memcpy(w->u, b + 2, kUnit);
-  } else if (T == kQ4_K || T == kQ5_K) {
-    const uint8_t* qs = b + (T == kQ5_K ? 48 : 16) + (s / 2) * 32;
-    for (int i = 0; i < kUnit; ++i)
-      w->u[i] = ((qs[i] >> ((s % 2) * 4)) & 0xF) | (T == kQ5_K ? ((b[16 + i] >> s) & 1) << 4 : 0);
-  } else {  // Q6_K
-    const int64_t h = s / 4, k = s % 4;
-    const uint8_t* ql = b + 64 * h + (k & 1) * 32;
-    const uint8_t* qh = b + 128 + 32 * h;
-    for (int i = 0; i < kUnit; ++i)
-      w->u[i] = ((k >= 2 ? ql[i] >> 4 : ql[i] & 0xF)) | (((qh[i] >> (2 * k)) & 3) << 4);
-  }
-}
 
 // Each row to int8 per 32 values (d = max|x| / 127, q = round(x / d)), in groups; units past the
 // row's end are zero.
@@ -275,8 +184,33 @@ inline void partial_group_scales(const uint8_t* row, int64_t g, int64_t num_unit
   *scale = _mm256_load_ps(sc), *offset = _mm256_load_ps(off);
 }
 
-// out[m] = dot of weight row `row` with activation rows act + m * num_groups, m < rows (<= kTile).
+// A whole group's codes and scales in the repacked layout (gguf_blocks.h).
 template <int64_t T>
+inline void packed_group(const uint8_t* p, __m256i* w, __m256* scale, __m256* offset) {
+  const uint8_t* meta = p + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
+  if (T == kQ8_0) {
+    for (int64_t j = 0; j < kGroup; ++j) w[j] = load32(p + j * kUnit);
+  } else {
+    const __m256i mask4 = _mm256_set1_epi8(0x0F);
+    for (int64_t pair = 0; pair < 2; ++pair) {
+      const __m256i both = load32(p + pair * kUnit);
+      w[2 * pair] = _mm256_and_si256(both, mask4);
+      w[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(both, 4), mask4);
+    }
+  }
+  if (T == kQ4_1) {  // [d0..d3 m0..m3]
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta)));
+    *scale = _mm256_permute2f128_ps(dm, dm, 0x00);
+    *offset = _mm256_permute2f128_ps(dm, dm, 0x11);
+    return;
+  }
+  const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
+  *scale = _mm256_set_m128(d4, d4);
+  *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(T == kQ4_0 ? -8.f : 0.f));
+}
+
+// out[m] = dot of weight row `row` with activation rows act + m * num_groups, m < rows (<= kTile).
+template <int64_t T, bool kPacked>
 void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
               float* out) {
   // Q8_0's signed codes: with VNNI biased by 128 (the bias joins the offset), else |w| x sign(w) a.
@@ -285,18 +219,24 @@ void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_
   for (int64_t m = 0; m < rows; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t g = 0; g < num_groups; ++g) {
     __m256i w[kGroup], wabs[kGroup];
+    __m256 scales, offsets;
     const bool whole = (g + 1) * kGroup <= num_units;
+    if (kPacked && whole) {
+      packed_group<T>(row + g * kGroup * Layout<T>::bytes, w, &scales, &offsets);
+    } else {
+      for (int64_t j = 0; j < kGroup; ++j) {
+        const int64_t u = g * kGroup + j;
+        w[j] = whole || u < num_units ? codes<T>(row, u) : _mm256_setzero_si256();
+      }
+      if (whole) {
+        group_scales<T>(row, g, &scales, &offsets);
+      } else {
+        partial_group_scales<T>(row, g, num_units, &scales, &offsets);
+      }
+    }
     for (int64_t j = 0; j < kGroup; ++j) {
-      const int64_t u = g * kGroup + j;
-      w[j] = whole || u < num_units ? codes<T>(row, u) : _mm256_setzero_si256();
       if (kBiased) w[j] = _mm256_xor_si256(w[j], _mm256_set1_epi8(static_cast<char>(0x80)));  // q + 128
       wabs[j] = kSigned ? _mm256_sign_epi8(w[j], w[j]) : w[j];
-    }
-    __m256 scales, offsets;
-    if (whole) {
-      group_scales<T>(row, g, &scales, &offsets);
-    } else {
-      partial_group_scales<T>(row, g, num_units, &scales, &offsets);
     }
     if (kBiased) offsets = _mm256_mul_ps(scales, _mm256_set1_ps(-128.f));
     for (int64_t m = 0; m < rows; ++m) {
@@ -315,13 +255,17 @@ void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_
   for (int64_t m = 0; m < rows; ++m) out[m] = hsum(acc[m]);
 }
 #else
-template <int64_t T>
+template <int64_t T, bool kPacked>
 void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
               float* out) {
   for (int64_t m = 0; m < rows; ++m) out[m] = 0.f;
   WeightUnit w;
   for (int64_t u = 0; u < num_units; ++u) {
-    unpack<T>(row, u, &w);
+    if (kPacked && (u / kGroup + 1) * kGroup <= num_units) {
+      unpack_repacked<T>(row, u, &w);
+    } else {
+      unpack<T>(row, u, &w);
+    }
     const int64_t g = u / kGroup, j = u % kGroup;
     for (int64_t m = 0; m < rows; ++m) {
       const ActGroup& a = act[m * num_groups + g];
@@ -335,7 +279,7 @@ void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_
 }
 #endif
 
-template <int64_t T>
+template <int64_t T, bool kPacked = false>
 void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act, int64_t num_rows,
          float* y) {
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
@@ -345,7 +289,7 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
     for (int64_t n = begin; n < end; ++n)
       for (int64_t m0 = 0; m0 < num_rows; m0 += kTile) {
         const int64_t rows = std::min(kTile, num_rows - m0);
-        dot_tile<T>(weight + n * row_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
+        dot_tile<T, kPacked>(weight + n * row_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
         for (int64_t m = 0; m < rows; ++m) y[(m0 + m) * out_features + n] = tile[m];
       }
   });
@@ -359,7 +303,7 @@ int64_t row_bytes_of(int64_t in_features) {
 
 at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] float
                        const at::Tensor& weight,  // [out_features, row_bytes] uint8, GGUF blocks
-                       int64_t qtype, const c10::optional<at::Tensor>& bias) {
+                       int64_t qtype, bool packed, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.scalar_type() == at::kByte, "gguf_linear: bad shapes");
   const at::Tensor input = x.to(at::kFloat).contiguous();
   const at::Tensor w = weight.contiguous();
@@ -384,7 +328,12 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
   at::Tensor out = at::empty({num_rows, out_features}, input.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
-  switch (qtype) {
+  TORCH_CHECK(!packed || qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0,
+              "gguf_linear: GGUF type id ", qtype, " has no repacked layout");
+  switch (packed ? -qtype : qtype) {
+    case -kQ4_0: run<kQ4_0, true>(wp, out_features, num_units, act.data(), num_rows, y); break;
+    case -kQ4_1: run<kQ4_1, true>(wp, out_features, num_units, act.data(), num_rows, y); break;
+    case -kQ8_0: run<kQ8_0, true>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ4_0: run<kQ4_0>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ4_1: run<kQ4_1>(wp, out_features, num_units, act.data(), num_rows, y); break;
     case kQ5_0: run<kQ5_0>(wp, out_features, num_units, act.data(), num_rows, y); break;
@@ -401,7 +350,7 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) {
-  m.def("gguf_linear(Tensor x, Tensor weight, int qtype, Tensor? bias) -> Tensor");
+  m.def("gguf_linear(Tensor x, Tensor weight, int qtype, bool packed, Tensor? bias) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftwise_cpu, CPU, m) { m.impl("gguf_linear", gguf_linear); }

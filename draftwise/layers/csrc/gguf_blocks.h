@@ -1,0 +1,136 @@
+// GGUF block layouts shared by draftwise's kernels over quantized weights (gguf_linear.cpp,
+// gguf_repack.cpp): the type ids, bytes per block, and each unit of 32 weights as unsigned codes u
+// with a scale and an offset per half of 16, so that w_i = scale * u_i + offset. `unpack` is the
+// scalar reference; the kernels' SIMD loads follow it.
+//
+// Repacked layout (`kRepacked` types: Q4_0, Q4_1, Q8_0): each row's whole groups of kGroup units are
+// rewritten once at load so that one load feeds two units and the group's scales sit together:
+// Q4_0 / Q4_1: 32 bytes holding units 0 and 1 (byte i: unit 0's code i in the low nibble, unit 1's
+// in the high one), 32 bytes for units 2 and 3, then the 4 fp16 d (and the 4 fp16 m); Q8_0: the 4
+// units' 128 code bytes, then the 4 fp16 d. A group takes exactly the bytes of its 4 blocks, and a
+// row's last, partial group keeps the file's block layout at the same offset.
+#pragma once
+
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace draftwise_gguf {
+
+constexpr int64_t kUnit = 32;
+constexpr int64_t kGroup = 4;  // units whose integer dots are reduced and scaled together
+constexpr int64_t kTile = 8;   // activation rows sharing each unpacked group of weights
+enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+// One unit of weights as the kernel reads it: w_i = scale[h] * u_i + offset[h] for h = i / 16,
+// u_i the block's unsigned codes (Q8_0: its signed bytes).
+struct WeightUnit {
+  uint8_t u[kUnit];
+  float scale[2];
+  float offset[2];
+};
+
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+template <int64_t T> struct Layout;  // bytes per block and units (of 32 weights) per block
+template <> struct Layout<kQ4_0> { static constexpr int64_t bytes = 18, units = 1; };
+template <> struct Layout<kQ4_1> { static constexpr int64_t bytes = 20, units = 1; };
+template <> struct Layout<kQ5_0> { static constexpr int64_t bytes = 22, units = 1; };
+template <> struct Layout<kQ5_1> { static constexpr int64_t bytes = 24, units = 1; };
+template <> struct Layout<kQ8_0> { static constexpr int64_t bytes = 34, units = 1; };
+template <> struct Layout<kQ4_K> { static constexpr int64_t bytes = 144, units = 8; };
+template <> struct Layout<kQ5_K> { static constexpr int64_t bytes = 176, units = 8; };
+template <> struct Layout<kQ6_K> { static constexpr int64_t bytes = 210, units = 8; };
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes.
+inline void scale_min_k4(int64_t j, const uint8_t* q, float* sc, float* m) {
+  if (j < 4) {
+    *sc = q[j] & 63, *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// The scales and offsets of unit `s` of block `b` (both halves).
+template <int64_t T>
+inline void unit_scales(const uint8_t* b, int64_t s, float* scale, float* offset) {
+  if (T == kQ6_K) {  // ql[128], qh[64], int8 scales[16], d: one scale per 16, codes 0-63 around 32
+    const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * (s / 4) + 2 * (s % 4);
+    const float d = half_at(b + 208);
+    scale[0] = d * sc[0], scale[1] = d * sc[1];
+    offset[0] = -32.f * scale[0], offset[1] = -32.f * scale[1];
+    return;
+  }
+  float sc = 1.f, min = 0.f;
+  if (T == kQ4_K || T == kQ5_K) {
+    scale_min_k4(s, b + 4, &sc, &min);
+    sc *= half_at(b), min *= -half_at(b + 2);
+  } else {
+    sc = half_at(b);
+    min = T == kQ4_1 || T == kQ5_1 ? half_at(b + 2) : T == kQ4_0 ? -8.f * sc : T == kQ5_0 ? -16.f * sc : 0.f;
+  }
+  scale[0] = scale[1] = sc;
+  offset[0] = offset[1] = min;
+}
+
+// The weights of unit `u` of a row, scalar (the reference the SIMD loads below follow).
+template <int64_t T>
+void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
+  const uint8_t* b = row + (u / Layout<T>::units) * Layout<T>::bytes;
+  const int64_t s = u % Layout<T>::units;  // unit within its block
+  unit_scales<T>(b, s, w->scale, w->offset);
+  if (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ5_1) {
+    const bool five = T == kQ5_0 || T == kQ5_1;
+    const uint8_t* qs = b + (T == kQ4_0 ? 2 : T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 8);
+    uint32_t high = 0;
+    if (five) std::memcpy(&high, b + (T == kQ5_0 ? 2 : 4), 4);
+    for (int i = 0; i < 16; ++i) {
+      w->u[i] = (qs[i] & 0xF) | (five ? ((high >> i) & 1) << 4 : 0);
+      w->u[i + 16] = (qs[i] >> 4) | (five ? ((high >> (i + 16)) & 1) << 4 : 0);
+    }
+  } else if (T == kQ8_0) {
+    std::memcpy(w->u, b + 2, kUnit);
+  } else if (T == kQ4_K || T == kQ5_K) {
+    const uint8_t* qs = b + (T == kQ5_K ? 48 : 16) + (s / 2) * 32;
+    for (int i = 0; i < kUnit; ++i)
+      w->u[i] = ((qs[i] >> ((s % 2) * 4)) & 0xF) | (T == kQ5_K ? ((b[16 + i] >> s) & 1) << 4 : 0);
+  } else {  // Q6_K
+    const int64_t h = s / 4, k = s % 4;
+    const uint8_t* ql = b + 64 * h + (k & 1) * 32;
+    const uint8_t* qh = b + 128 + 32 * h;
+    for (int i = 0; i < kUnit; ++i)
+      w->u[i] = ((k >= 2 ? ql[i] >> 4 : ql[i] & 0xF)) | (((qh[i] >> (2 * k)) & 3) << 4);
+  }
+}
+
+template <int64_t T>
+constexpr bool kRepacked = T == kQ4_0 || T == kQ4_1 || T == kQ8_0;
+
+// unpack<T> for a unit of a whole group of a repacked row.
+template <int64_t T>
+void unpack_repacked(const uint8_t* row, int64_t u, WeightUnit* w) {
+  const uint8_t* p = row + (u / kGroup) * kGroup * Layout<T>::bytes;
+  const int64_t j = u % kGroup;
+  const uint8_t* meta = p + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
+  for (int64_t i = 0; i < kUnit; ++i)
+    w->u[i] = T == kQ8_0 ? p[j * kUnit + i] : (p[(j / 2) * kUnit + i] >> (4 * (j % 2))) & 0xF;
+  const float d = half_at(meta + 2 * j);
+  w->scale[0] = w->scale[1] = d;
+  w->offset[0] = w->offset[1] = T == kQ4_1 ? half_at(meta + 2 * (kGroup + j)) : T == kQ4_0 ? -8.f * d : 0.f;
+}
+
+}  // namespace draftwise_gguf

@@ -1,0 +1,64 @@
+// draftwise_cpu::gguf_repack: a GGUF weight's rows in the repacked layout gguf_blocks.h describes
+// (Q4_0, Q4_1, Q8_0), done once at load; gguf_linear reads them with `packed=True`. Same shape and
+// bytes per row; the values the kernel computes from either layout are identical.
+#include "gguf_blocks.h"
+
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+namespace {
+
+using namespace draftwise_gguf;
+
+template <int64_t T>
+void repack_group(const uint8_t* src, uint8_t* dst) {  // kGroup blocks of one unit each -> one group
+  constexpr int64_t bytes = Layout<T>::bytes;
+  WeightUnit units[kGroup];
+  for (int64_t j = 0; j < kGroup; ++j) unpack<T>(src, j, &units[j]);
+  if (T == kQ8_0) {
+    for (int64_t j = 0; j < kGroup; ++j) std::memcpy(dst + j * kUnit, src + j * bytes + 2, kUnit);
+  } else {
+    for (int64_t pair = 0; pair < 2; ++pair)
+      for (int64_t i = 0; i < kUnit; ++i)
+        dst[pair * kUnit + i] = static_cast<uint8_t>(units[2 * pair].u[i] | (units[2 * pair + 1].u[i] << 4));
+  }
+  uint8_t* meta = dst + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
+  for (int64_t j = 0; j < kGroup; ++j) {
+    std::memcpy(meta + 2 * j, src + j * bytes, 2);                                     // d
+    if (T == kQ4_1) std::memcpy(meta + 2 * (kGroup + j), src + j * bytes + 2, 2);      // m
+  }
+}
+
+template <int64_t T>
+void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
+  const int64_t num_groups = row_bytes / Layout<T>::bytes / kGroup, group_bytes = kGroup * Layout<T>::bytes;
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const uint8_t* src = w + r * row_bytes;
+      uint8_t* dst = out + r * row_bytes;
+      std::memcpy(dst, src, row_bytes);  // the partial last group keeps the file's layout
+      for (int64_t g = 0; g < num_groups; ++g) repack_group<T>(src + g * group_bytes, dst + g * group_bytes);
+    }
+  });
+}
+
+at::Tensor gguf_repack(const at::Tensor& weight, int64_t qtype) {  // [out_features, row_bytes] uint8
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte, "gguf_repack: weight must be 2-D uint8");
+  const at::Tensor w = weight.contiguous();
+  at::Tensor out = at::empty_like(w);
+  const int64_t rows = w.size(0), row_bytes = w.size(1);
+  switch (qtype) {
+    case kQ4_0: repack<kQ4_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ4_1: repack<kQ4_1>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ8_0: repack<kQ8_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    default: TORCH_CHECK(false, "gguf_repack: GGUF type id ", qtype, " has no repacked layout");
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) { m.def("gguf_repack(Tensor weight, int qtype) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(draftwise_cpu, CPU, m) { m.impl("gguf_repack", gguf_repack); }
