@@ -3,6 +3,7 @@ measurement on this machine, cached, and all correct."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -94,3 +95,25 @@ def test_every_attention_kernel_of_a_bf16_model_matches_native(tiny_model_dir):
         for other in others:
             for token in set(native) & set(other):
                 assert abs(native[token].logprob - other[token].logprob) < 0.05
+
+
+def test_a_cached_plan_that_a_recheck_contradicts_is_measured_again(tmp_path, monkeypatch):
+    """A plan cached while the machine was busy: at start-up its kernel is timed against the others,
+    and where one runs RECHECK_RATIO times faster the plan is measured again and re-cached."""
+    modules = _modules(torch.float32)
+    slow = {"kernel": "packed"}  # the kernel that is slow on this (simulated) machine
+    real_run = PackedLinear.run
+
+    def run(self, kernel, x):
+        if kernel == slow["kernel"]:
+            time.sleep(0.005)
+        return real_run(self, kernel, x)
+
+    monkeypatch.setattr(PackedLinear, "run", run)
+    plans = choose_kernels({"layers": LinearGroup(modules)}, tmp_path)
+    assert set(plans["layers"].values()) == {"matmul_t"}
+    slow["kernel"] = "matmul_t"  # the machine changed: the cached choice is now the slow one
+    remeasured = choose_kernels({"layers": LinearGroup(_modules(torch.float32))}, tmp_path)
+    assert set(remeasured["layers"].values()) == {"packed"}
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert set(record["plans"]["layers"].values()) == {"packed"}  # the cache holds the new plan

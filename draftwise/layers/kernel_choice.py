@@ -15,13 +15,16 @@ per bucket. A group is what a step runs together:
   few query rows on some CPUs), or draftwise's paged CPU kernel (``paged``,
   up to ``PAGED_MAX_QUERY`` rows, where it built: ``native.py``).
 
-A group's time is the best of ``REPEATS`` passes after a warm-up.
+A kernel's time is its best of ``REPEATS`` rounds after a warm-up round, every round running each
+candidate once in turn (interleaved), so a burst of load on the machine hits all candidates alike.
 
 The result is cached as JSON under ``cache_dir``, keyed by the CPU (model
 name and ISA flags), torch version, thread count, the groups' dtypes and
 shapes, ``METHOD_VERSION`` and the paged kernel's build, so a second start
-reads it instead of measuring. It is logged at start-up and kept on the
-model (``model.kernel_plans``).
+reads it instead of measuring. A cached plan is re-checked at start-up, cheaply: at
+``RECHECK_BUCKETS`` its kernel is timed against the other candidates, interleaved, and where one of
+them runs ``RECHECK_RATIO`` times faster (a plan measured while the machine was busy) the plan is
+measured again and re-cached. It is logged at start-up and kept on the model (``model.kernel_plans``).
 ``DRAFTWISE_KERNEL_CHOICE=default`` skips the measurement (``linear.DEFAULT_PLANS``).
 """
 from __future__ import annotations
@@ -48,8 +51,10 @@ ATTENTION_SEQS = 16  # sequences of the timed attention batch (a busy server's: 
 # as the paged kernel at 5-8 rows, and 16 such sequences beside decodes then ran 1.2x slower)
 BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
-METHOD_VERSION = 6  # part of the cache key: raise it when what is timed changes
+METHOD_VERSION = 7  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
+RECHECK_BUCKETS = (1, 8)
+RECHECK_RATIO = 1.5
 CHOICE_ENV = "DRAFTWISE_KERNEL_CHOICE"
 logger = logging.getLogger("draftwise")
 
@@ -118,6 +123,8 @@ def choose_kernels(groups: dict[str, LinearGroup | AttentionGroup], cache_dir: P
     else:
         key = _cache_key(groups)
         plans = _read_cache(cache_dir, key)
+        if plans is not None and not plan_holds(groups, plans):
+            plans = None
         if plans is None:
             start = time.perf_counter()
             plans, times = measure(groups)
@@ -139,20 +146,42 @@ def measure(groups: dict[str, LinearGroup | AttentionGroup]
     for name, group in groups.items():
         plans[name], times[name] = {}, {}
         for rows in ROW_BUCKETS:
-            run = group.timer(rows)
-            measured = {k: _best_time(run, k) for k in group.candidates(rows)}
+            measured = _interleaved(group.timer(rows), group.candidates(rows))
             times[name][rows] = {k: round(1000 * t, 3) for k, t in measured.items()}
             plans[name][rows] = min(measured, key=measured.get)
     return plans, times
 
 
-def _best_time(run: Callable[[str], None], kernel: str) -> float:
-    samples = []
-    for _ in range(REPEATS + 1):
-        start = time.perf_counter()
-        run(kernel)
-        samples.append(time.perf_counter() - start)
-    return min(samples[1:])
+@torch.inference_mode()
+def plan_holds(groups: dict[str, LinearGroup | AttentionGroup], plans: dict[str, dict[int, str]]) -> bool:
+    """False where, at a ``RECHECK_BUCKETS`` row count, another candidate runs ``RECHECK_RATIO``
+    times faster than the plan's kernel (timed interleaved, now)."""
+    for name, group in groups.items():
+        for rows in RECHECK_BUCKETS:
+            candidates = group.candidates(rows)
+            chosen = plans.get(name, {}).get(rows)
+            if len(candidates) < 2 or chosen not in candidates:
+                continue
+            measured = _interleaved(group.timer(rows), candidates)
+            best = min(measured, key=measured.get)
+            if measured[chosen] > RECHECK_RATIO * measured[best]:
+                logger.info("draftwise: the cached kernel plan's %s at %d rows (%s, %.2f ms) is slower than %s "
+                            "(%.2f ms) now: measuring again", name, rows, chosen, 1000 * measured[chosen], best,
+                            1000 * measured[best])
+                return False
+    return True
+
+
+def _interleaved(run: Callable[[str], None], kernels: list[str]) -> dict[str, float]:
+    """Each kernel's best time over ``REPEATS`` rounds (after a warm-up round) that run every kernel once."""
+    best = dict.fromkeys(kernels, float("inf"))
+    for round_index in range(REPEATS + 1):
+        for kernel in kernels:
+            start = time.perf_counter()
+            run(kernel)
+            if round_index:
+                best[kernel] = min(best[kernel], time.perf_counter() - start)
+    return best
 
 
 def describe(plans: dict[str, dict[int, str]]) -> str:
