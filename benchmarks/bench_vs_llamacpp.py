@@ -2,7 +2,7 @@
 at a time, one engine at a time.
 
 llama.cpp is llama-cpp-python (``make llamacpp`` builds it from source in its own venv), run by
-``llamacpp_runner.py`` on the bundled SmolLM2 Q4_1 file with ``--threads`` threads: plain, and its
+``llamacpp_runner.py`` on the bundled SmolLM2 Q4_1 file (or ``--model``'s GGUF) with ``--threads`` threads: plain, and its
 prompt-lookup decoding (``LlamaPromptLookupDecoding``, ``--num-pred-tokens``). draftwise runs the
 file's blocks as stored (dtype auto): plain, ngram (K=5, lookup 2-4) and suffix, plus plain on
 the de-quantized fp32 weights for reference. Workloads from ``draftwise/workloads.py`` (code
@@ -78,6 +78,7 @@ def report(job: dict, ours: dict, theirs: dict) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llamacpp-python", required=True, help="python of the venv `make llamacpp` built")
+    parser.add_argument("--model", default=None, help="a GGUF file or bundled name (default: SmolLM2-135M Q4_1)")
     parser.add_argument("--workloads", default="code-edit,chat")
     parser.add_argument("--methods", default=",".join(OURS))
     parser.add_argument("--num-prompts", type=int, default=5)
@@ -87,7 +88,7 @@ def main() -> None:
     parser.add_argument("--out", default=f"benchmarks/results/vs_llamacpp-{datetime.date.today()}.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = resolve_model(None)
+    model = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model)
     workloads = {name: [p.token_ids for p in tokenize_prompts(tokenizer, load_workload(name, args.num_prompts))]
                  for name in args.workloads.split(",")}

@@ -8,7 +8,7 @@ k-quants Q4_K, Q5_K, Q6_K that llama.cpp's common presets write). The C++ op
 are first repacked, once, so that one SIMD load feeds two units: same bytes, same results), so a step streams
 the file's bytes instead of a de-quantized copy 3-8x their size. Results are batch invariant:
 a row's output does not depend on the other rows of the call. Inputs of any float dtype;
-the output has the input's dtype.
+the output has the input's dtype (fp32 and bf16 are read and written as they are).
 """
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ class GGUFLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if x.dim() == 2:
+            return torch.ops.draftwise_cpu.gguf_linear(x, self.blocks, self.qtype_id, self.packed, self.bias)
         rows = x.reshape(-1, self.in_features)
         out = torch.ops.draftwise_cpu.gguf_linear(rows, self.blocks, self.qtype_id, self.packed, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -47,12 +47,14 @@ struct ActGroup {
 
 // Each row to int8 per 32 values (d = max|x| / 127, q = round(x / d)), in groups; units past the
 // row's end are zero.
-void quantize_rows(const float* x, int64_t num_rows, int64_t in_features, int64_t num_groups, ActGroup* out) {
+template <typename In>  // float or c10::BFloat16
+void quantize_rows(const In* x, int64_t num_rows, int64_t in_features, int64_t num_groups, ActGroup* out) {
   std::memset(out, 0, sizeof(ActGroup) * num_rows * num_groups);
   const int64_t num_units = in_features / kUnit;
   for (int64_t r = 0; r < num_rows; ++r)
     for (int64_t u = 0; u < num_units; ++u) {
-      const float* src = x + r * in_features + u * kUnit;
+      float src[kUnit];
+      for (int64_t i = 0; i < kUnit; ++i) src[i] = static_cast<float>(x[r * in_features + u * kUnit + i]);
       ActGroup& g = out[r * num_groups + u / kGroup];
       const int64_t j = u % kGroup;
       float amax = 0.f;
@@ -279,9 +281,25 @@ void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_
 }
 #endif
 
+// Where outputs go: [num_rows, out_features] fp32 or bf16, plus an optional fp32 bias per feature.
+struct Output {
+  void* data;
+  bool bf16;
+  const float* bias;
+
+  void store(int64_t index, int64_t feature, float value) const {
+    value += bias ? bias[feature] : 0.f;
+    if (bf16) {
+      static_cast<c10::BFloat16*>(data)[index] = c10::BFloat16(value);
+    } else {
+      static_cast<float*>(data)[index] = value;
+    }
+  }
+};
+
 template <int64_t T, bool kPacked = false>
 void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act, int64_t num_rows,
-         float* y) {
+         const Output& y) {
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
@@ -290,7 +308,7 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
       for (int64_t m0 = 0; m0 < num_rows; m0 += kTile) {
         const int64_t rows = std::min(kTile, num_rows - m0);
         dot_tile<T, kPacked>(weight + n * row_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
-        for (int64_t m = 0; m < rows; ++m) y[(m0 + m) * out_features + n] = tile[m];
+        for (int64_t m = 0; m < rows; ++m) y.store((m0 + m) * out_features + n, n, tile[m]);
       }
   });
 }
@@ -305,7 +323,8 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
                        const at::Tensor& weight,  // [out_features, row_bytes] uint8, GGUF blocks
                        int64_t qtype, bool packed, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.scalar_type() == at::kByte, "gguf_linear: bad shapes");
-  const at::Tensor input = x.to(at::kFloat).contiguous();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;  // read and written as is; other dtypes via fp32
+  const at::Tensor input = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   const at::Tensor w = weight.contiguous();
   const int64_t num_rows = input.size(0), in_features = input.size(1), out_features = w.size(0);
   int64_t expected = -1;
@@ -324,10 +343,15 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
               in_features, " weights of type ", qtype);
   const int64_t num_units = in_features / kUnit, num_groups = (num_units + kGroup - 1) / kGroup;
   std::vector<ActGroup> act(num_rows * num_groups);
-  quantize_rows(input.data_ptr<float>(), num_rows, in_features, num_groups, act.data());
+  if (bf16) {
+    quantize_rows(input.data_ptr<c10::BFloat16>(), num_rows, in_features, num_groups, act.data());
+  } else {
+    quantize_rows(input.data_ptr<float>(), num_rows, in_features, num_groups, act.data());
+  }
   at::Tensor out = at::empty({num_rows, out_features}, input.options());
+  const at::Tensor bias_fp32 = bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  float* y = out.data_ptr<float>();
+  const Output y{out.data_ptr(), bf16, bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr};
   TORCH_CHECK(!packed || qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0,
               "gguf_linear: GGUF type id ", qtype, " has no repacked layout");
   switch (packed ? -qtype : qtype) {
@@ -343,8 +367,7 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
     case kQ5_K: run<kQ5_K>(wp, out_features, num_units, act.data(), num_rows, y); break;
     default: run<kQ6_K>(wp, out_features, num_units, act.data(), num_rows, y); break;
   }
-  if (bias.has_value() && bias->defined()) out.add_(bias->to(at::kFloat));
-  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+  return x.scalar_type() == at::kFloat || bf16 ? out : out.to(x.scalar_type());
 }
 
 }  // namespace
