@@ -97,10 +97,10 @@ class LLMEngine:
         self.executor = start_tensor_parallel(config, self.max_model_len)  # None: one rank
         if self.executor is not None:
             weakref.finalize(self, self.executor.shutdown)
+        self.gguf_weights = extra.get("gguf_weights", config.default_gguf_weights)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group,
-                            gguf_weights=extra.get("gguf_weights", config.default_gguf_weights),
-                            quantization=config.quantization)
+                            gguf_weights=self.gguf_weights, quantization=config.quantization)
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None
@@ -227,7 +227,7 @@ class LLMEngine:
                             max_model_len=self.max_model_len, block_size=self.config.block_size,
                             tensor_parallel_size=self.config.tensor_parallel_size,
                             model_path=self.config.model_path, kv_transfer=self.config.kv_transfer,
-                            executor=self.executor)
+                            executor=self.executor, gguf_weights=self.gguf_weights)
         return Speculator(self.config.speculative, target)
 
     # ------------------------------------------------------------------ requests

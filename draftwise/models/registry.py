@@ -50,7 +50,7 @@ def load_config(path: Path):
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
-                max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "quantized",
+                max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "dequantized",
                 quantization: str | None = None) -> DecoderLM:
     """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
     Otherwise, on CPU, a GGUF model's layer linears keep the file's blocks (``gguf_blocks.py``) unless

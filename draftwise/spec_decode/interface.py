@@ -67,6 +67,7 @@ class TargetInfo:
     model_path: Any = None  # the target's local directory (MTP layers live in its checkpoint)
     kv_transfer: Any = None  # KVTransferConfig: where extract_hidden_states writes
     executor: Any = None  # the tensor-parallel executor (distributed/executor.py) when tensor_parallel_size > 1
+    gguf_weights: str = "dequantized"  # a GGUF drafter's linears as the target's: "quantized" keeps its blocks
 
 
 @dataclass

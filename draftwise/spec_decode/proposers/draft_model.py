@@ -76,7 +76,7 @@ class DraftModelProposer(Proposer):
         if self.executor is not None:
             self.executor.send(("build", "draft", str(path)))
         self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len,
-                                 tp=self.executor and self.executor.group)
+                                 tp=self.executor and self.executor.group, gguf_weights=target.gguf_weights)
         self.paged: PagedModel | None = None
         self.timer = ForwardTimer()  # one draft-model forward (a draft for each drafting sequence)
 
