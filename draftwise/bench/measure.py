@@ -70,9 +70,12 @@ class PassResult:
 def tokenize_prompts(tokenizer, prompts: list[BenchPrompt]) -> list[PromptInput]:
     inputs = []
     for prompt in prompts:
-        if prompt.messages is not None:
+        if prompt.messages is not None and tokenizer.chat_template is not None:
             text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
             ids = tokenizer.encode(text, add_special_tokens=False)
+        elif prompt.messages is not None:  # a base model without a chat template: the messages as text
+            text = "\n\n".join(m["content"] for m in prompt.messages) + "\n\n"
+            ids = tokenizer.encode(text, add_special_tokens=True)
         else:
             text, ids = prompt.prompt, tokenizer.encode(prompt.prompt, add_special_tokens=True)
         inputs.append(PromptInput(prompt.name, text, list(ids)))
