@@ -43,6 +43,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None  # what the output must match (structured/)
+    # vLLM's per-request extension dict; draftwise reads EXTRA_ARGS: {"num_speculative_tokens": k} caps this
+    # request's drafts per step at k (0: no drafting for it; at most the engine's num_speculative_tokens)
+    extra_args: dict | None = None
     # Derived, filled by __post_init__.
     stop_strings: list[str] = field(default_factory=list, repr=False)
 
@@ -78,8 +81,14 @@ class SamplingParams:
         self.stop_token_ids = list(ids)
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
                "structured_outputs", self.structured_outputs, "a StructuredOutputsParams or None")
+        _check_extra_args(self.extra_args)
         if self.temperature < _GREEDY_EPS:
             self.temperature = 0.0
+
+    @property
+    def num_speculative_tokens(self) -> int | None:
+        """The request's cap on drafts per step (``extra_args``), or None: the engine's."""
+        return (self.extra_args or {}).get("num_speculative_tokens")
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +98,18 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.presence_penalty != 0 or self.frequency_penalty != 0
                 or self.repetition_penalty != 1.0)
+
+
+EXTRA_ARGS = ("num_speculative_tokens",)  # the extra_args keys draftwise reads
+
+
+def _check_extra_args(extra_args) -> None:
+    _check(extra_args is None or isinstance(extra_args, dict), "extra_args", extra_args, "a dict or None")
+    unknown = sorted(set(extra_args or {}) - set(EXTRA_ARGS), key=str)
+    _check(not unknown, "extra_args", extra_args, f"a dict of the keys {list(EXTRA_ARGS)} (unknown: {unknown})")
+    cap = (extra_args or {}).get("num_speculative_tokens")
+    _check(cap is None or _is_int(cap, 0, INT64_MAX), "extra_args", extra_args,
+           "{'num_speculative_tokens': an int >= 0} (0 turns drafting off for this request)")
 
 
 def _is_num(value) -> bool:

@@ -232,6 +232,41 @@ def test_spec_metrics_need_a_speculative_config(tiny_model_dir):
                   ServerOptions(per_request_spec_decode_metrics="summary"))
 
 
+# ---------------------------------------------------------------------- per-request speculation
+def test_vllm_xargs_cap_a_requests_drafts_with_outputs_unchanged(client):
+    """``vllm_xargs`` (and the same key at the top level of extra_body) cap one request's drafts per step,
+    chat and completions, streaming or not; 0 turns drafting off; the text is the uncapped request's."""
+    chat = dict(model=SERVED_NAME, messages=[{"role": "user", "content": PROMPTS[4]}], max_tokens=40, temperature=0)
+    completion = dict(model=SERVED_NAME, prompt=PROMPTS[4], max_tokens=60, temperature=0)
+    for create, kwargs, text_of in ((client.chat.completions.create, chat, lambda r: r.choices[0].message.content),
+                                    (client.completions.create, completion, lambda r: r.choices[0].text)):
+        plain = create(extra_body={"ignore_eos": True}, **kwargs)
+        assert plain.model_extra["spec_decode"]["num_draft_tokens"] > plain.model_extra["spec_decode"]["num_drafts"]
+        for extra in ({"vllm_xargs": {"num_speculative_tokens": 0}}, {"num_speculative_tokens": 0}):
+            resp = create(extra_body={"ignore_eos": True, **extra}, **kwargs)
+            assert text_of(resp) == text_of(plain)
+            assert resp.model_extra["spec_decode"] is None  # never drafted
+            assert resp.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] == 0
+        resp = create(extra_body={"ignore_eos": True, "vllm_xargs": {"num_speculative_tokens": 1}}, **kwargs)
+        spec = resp.model_extra["metrics"]["speculative_decoding"]
+        assert text_of(resp) == text_of(plain) and spec["num_spec_steps"] > 0
+        assert max(spec["per_step_drafted"]) == 1
+        chunks = list(create(stream=True, stream_options={"include_usage": True},
+                             extra_body={"ignore_eos": True, "num_speculative_tokens": 1}, **kwargs))
+        assert max(chunks[-1].model_extra["metrics"]["speculative_decoding"]["per_step_drafted"]) == 1
+
+
+def test_bad_vllm_xargs_are_a_400_naming_the_field(client):
+    completion = client.completions.create
+    for extra, says in (({"vllm_xargs": {"num_speculative_tokens": K + 1}}, f"must be in [0, {K}]"),
+                        ({"vllm_xargs": {"num_speculative_tokens": -1}}, "an int >= 0"),
+                        ({"num_speculative_tokens": "two"}, "an int >= 0"),
+                        ({"vllm_xargs": {"bogus": 1}}, "unknown: ['bogus']"),
+                        ({"vllm_xargs": {"num_speculative_tokens": 1}, "num_speculative_tokens": 2}, "given twice")):
+        error = _bad_request(completion, prompt="hi", extra_body=extra)
+        assert error["param"] == "vllm_xargs" and says in error["message"], (extra, error)
+
+
 # ---------------------------------------------------------------------- no field ignored
 def _bad_request(create, **kwargs) -> dict:
     with pytest.raises(openai.BadRequestError) as info:

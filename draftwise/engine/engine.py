@@ -240,7 +240,8 @@ class LLMEngine:
         if self.config.kv_transfer and self.config.kv_transfer.prefill_only:
             params = dataclasses.replace(params, max_tokens=1, min_tokens=0)  # a producer only prefills
         check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len,
-                      self.block_manager.num_blocks * self.block_manager.block_size, self.config.request_limits)
+                      self.block_manager.num_blocks * self.block_manager.block_size, self.config.request_limits,
+                      self.speculator.num_spec_tokens if self.speculator else 0)
         grammar = self.structured.check(params)
         arrival = arrival_time or time.time()
         seqs = []

@@ -23,10 +23,16 @@ def check_prompt_text(text: str, field: str = "prompt") -> None:
 
 
 def check_request(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int,
-                  kv_capacity: int, limits: RequestLimits) -> None:
-    """Raise ``ValueError`` (naming the field) unless the request can run to completion here."""
+                  kv_capacity: int, limits: RequestLimits, num_speculative_tokens: int = 0) -> None:
+    """Raise ``ValueError`` (naming the field) unless the request can run to completion here
+    (``num_speculative_tokens``: the engine's, 0 where it does not speculate)."""
     _check_prompt(prompt_token_ids, vocab_size, max_model_len)
     _check_limits(params, limits, vocab_size)
+    cap = params.num_speculative_tokens
+    if cap is not None and cap > num_speculative_tokens:
+        raise ValueError(f"SamplingParams.extra_args={short_repr(params.extra_args)} is invalid: "
+                         f"num_speculative_tokens must be in [0, {num_speculative_tokens}], the engine's "
+                         f"num_speculative_tokens" + ("" if num_speculative_tokens else " (it does not speculate)"))
     if params.stop_token_ids and not 0 <= max(params.stop_token_ids) < vocab_size:
         raise ValueError(f"SamplingParams.stop_token_ids={short_repr(params.stop_token_ids)} is invalid: "
                          f"token ids must be in [0, {vocab_size})")

@@ -119,7 +119,8 @@ class Speculator:
         drafter_limit = self.drafter_max_model_len
         if drafter_limit is not None and seq.num_tokens + self.num_spec_tokens > drafter_limit:
             return 0  # past the drafter's context limit: no drafts (as vLLM skips such sequences)
-        return min(self.num_spec_tokens, seq.num_draft_slots(self.max_model_len))
+        cap = seq.params.num_speculative_tokens  # the request's own (extra_args), checked <= the engine's
+        return min(self.num_spec_tokens if cap is None else cap, seq.num_draft_slots(self.max_model_len))
 
     def _fit_kv(self, seq: Sequence, limit: int) -> int:
         """``limit`` cut to the KV slots ``seq`` can get (proposers with a KV cache of their own)."""

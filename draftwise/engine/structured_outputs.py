@@ -254,7 +254,9 @@ class StructuredOutputs:
                 continue
             proposed = seq.spec_token_ids
             cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
-            limit = min(cap, seq.num_draft_slots(self.max_model_len))
+            request_cap = seq.params.num_speculative_tokens  # the request's own cap holds for the grammar's too
+            limit = min(cap, seq.num_draft_slots(self.max_model_len),
+                        cap if request_cap is None else request_cap)
             out = rec.state.draft(proposed, limit, self.grammar_drafts) if limit > 0 else GrammarDraft()
             self._set_drafts(seq, rec, out, proposed)
 

@@ -88,6 +88,21 @@ class _SamplingRequest(BaseModel):
     user: str | None = None
     response_format: ResponseFormat | None = None  # OpenAI's; vLLM reads it on completions too
     structured_outputs: dict[str, Any] | None = None  # vLLM's: StructuredOutputsParams' fields (constraints.py)
+    # vLLM's per-request extension dict (SamplingParams.extra_args); draftwise reads num_speculative_tokens,
+    # also accepted at the top level of the request (an OpenAI client's extra_body)
+    vllm_xargs: dict[str, Any] | None = None
+    num_speculative_tokens: Any = None
+
+    def extra_args(self) -> dict | None:
+        """``SamplingParams.extra_args``: ``vllm_xargs`` with a top-level ``num_speculative_tokens``."""
+        if self.num_speculative_tokens is None:
+            return self.vllm_xargs
+        merged = dict(self.vllm_xargs or {})
+        if merged.get("num_speculative_tokens", self.num_speculative_tokens) != self.num_speculative_tokens:
+            raise ValueError("SamplingParams.extra_args=vllm_xargs is invalid: num_speculative_tokens is given twice, at the top level and "
+                             "in vllm_xargs, with different values")
+        merged["num_speculative_tokens"] = self.num_speculative_tokens
+        return merged
 
     def unsupported_field(self) -> tuple[str, str] | None:
         """``(param, message)`` for the first field that is unknown or asks for what draftwise does not

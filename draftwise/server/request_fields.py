@@ -19,7 +19,8 @@ Implemented, so declared by the request models and not listed here:
 ``response_format`` and ``structured_outputs`` (both endpoints,
 ``constraints.py``), chat's ``tools``, ``tool_choice`` (``"none"``,
 ``"required"``, a named function; ``"auto"`` is refused there, naming
-``tool_choice``) and ``parallel_tool_calls`` (``tools.py``). Still refused:
+``tool_choice``), ``parallel_tool_calls`` (``tools.py``) and vLLM's ``vllm_xargs`` (with a top-level
+``num_speculative_tokens``: ``SamplingParams.extra_args``). Still refused:
 vLLM's ``guided_*`` fields (vLLM 0.32 removed them), OpenAI's deprecated
 ``functions`` / ``function_call``, and ``tools`` / ``tool_choice`` on
 ``/v1/completions``.
@@ -70,7 +71,6 @@ UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "bad_words": ((None, []), _SAMPLING),
     "watermarking": ((None,), _SAMPLING),
     "repetition_detection": ((None,), _SAMPLING),
-    "vllm_xargs": ((None, {}), _SAMPLING),
     "spaces_between_special_tokens": ((None, True), _SAMPLING),
     "suffix": ((None, ""), _SAMPLING),
     "truncate_prompt_tokens": ((None,), _SAMPLING),

@@ -73,6 +73,11 @@ class OpenAIServing:
                            f"{num + max_tokens} ({num} in the prompt, {max_tokens} in the completion)",
                            param="max_tokens")
 
+    @property
+    def aliases(self) -> dict[str, str]:
+        """The request's name for each SamplingParams field it names differently."""
+        return {"extra_args": "vllm_xargs", **self.param_aliases}
+
     def sampling_params(self, request: _SamplingRequest, max_tokens: int | None, logprobs: int | None,
                         constraint: Constraint | None = None) -> SamplingParams:
         """The request's sampling params; a field it leaves out takes the model's default
@@ -94,9 +99,9 @@ class OpenAIServing:
                 repetition_penalty=given(request.repetition_penalty, 1.0, "repetition_penalty"), logprobs=logprobs,
                 skip_special_tokens=request.skip_special_tokens,
                 include_stop_str_in_output=request.include_stop_str_in_output,
-                structured_outputs=constraint.params if constraint else None)
+                structured_outputs=constraint.params if constraint else None, extra_args=request.extra_args())
         except ValueError as exc:
-            raise APIError.from_value_error(exc, aliases=self.param_aliases) from None
+            raise APIError.from_value_error(exc, aliases=self.aliases) from None
 
     async def add_requests(self, request_id: str, prompts: list, params: SamplingParams, prompt_param: str,
                            constraint: Constraint | None = None) -> list[RequestHandle]:
@@ -117,7 +122,7 @@ class OpenAIServing:
             if isinstance(exc, ValueError):
                 if constraint is not None and constraint.error_param(str(exc)):
                     raise APIError(400, str(exc), param=constraint.error_param(str(exc))) from None
-                raise APIError.from_value_error(exc, prompt_param, self.param_aliases) from None
+                raise APIError.from_value_error(exc, prompt_param, self.aliases) from None
             raise
         return handles
 
