@@ -158,6 +158,23 @@ def _slow_client_probes(url: str) -> None:
         assert reply.startswith(b"HTTP/1.1 401"), (header, reply[:80])
 
 
+def test_an_unauthenticated_request_gets_its_401_before_its_body(server):
+    """A 20 MB body without the key: the 401 comes as soon as the headers are read, with only a part of
+    the body sent, and the server goes on serving."""
+    host, port = server.removeprefix("http://").split(":")
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {20 * 1024 * 1024}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        start = time.monotonic()
+        sock.sendall(head + b"{\"prompt\": \"" + b"a" * 65536)
+        reply = b""
+        while b"invalid_api_key" not in reply and (chunk := sock.recv(65536)):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 401") and b"invalid_api_key" in reply, reply[:200]
+    assert time.monotonic() - start < 2
+    assert call(server, "/v1/models")[0] == 200
+
+
 def test_bad_requests_fail_alone_while_healthy_streams_run(server, server_proc):
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(6)]
     solo = [_stream_text(server, p) for p in prompts]

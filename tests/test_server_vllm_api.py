@@ -267,6 +267,18 @@ def test_bad_vllm_xargs_are_a_400_naming_the_field(client):
         assert error["param"] == "vllm_xargs" and says in error["message"], (extra, error)
 
 
+def test_a_batch_of_prompts_up_to_openais_limit(client):
+    """256 prompts in one completions request (OpenAI takes 2048): one choice each, in order; n is
+    bounded by --max-n alone; 2049 prompts are a 400 naming prompt."""
+    prompts = [f"{i} {PROMPTS[i % len(PROMPTS)]}" for i in range(256)]
+    resp = client.completions.create(model=SERVED_NAME, prompt=prompts, max_tokens=1, temperature=0)
+    assert [c.index for c in resp.choices] == list(range(256)) and resp.usage.completion_tokens == 256
+    resp = client.completions.create(model=SERVED_NAME, prompt=prompts[:100], max_tokens=1, n=2, temperature=0)
+    assert len(resp.choices) == 200
+    error = _bad_request(client.completions.create, prompt=["hi"] * 2049)
+    assert error["param"] == "prompt" and "--max-prompts=2048" in error["message"]
+
+
 # ---------------------------------------------------------------------- no field ignored
 def _bad_request(create, **kwargs) -> dict:
     with pytest.raises(openai.BadRequestError) as info:

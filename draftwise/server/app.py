@@ -18,10 +18,8 @@ after, and ``/health`` answers 503 until the server, told by the engine's
 from __future__ import annotations
 
 import logging
-import secrets
 import uuid
 from contextlib import asynccontextmanager
-
 from typing import Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Request
@@ -34,7 +32,7 @@ from .. import __version__
 from ..errors import EngineDeadError
 from .async_engine import AsyncEngine, RequestFailed
 from .errors import APIError, error_response
-from .guards import RequestGuard
+from .guards import KEY_MESSAGE, RequestGuard, authorized
 from .metrics import ServerMetrics
 from .options import ServerOptions
 from .preprocess import Preprocessor
@@ -67,13 +65,15 @@ def build_app(engine: AsyncEngine, served_model_names: list[str], tokenizer, opt
     app = FastAPI(title="draftwise", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None if options.disable_fastapi_docs or options.api_key else "/openapi.json")
     app.add_middleware(RequestGuard, max_request_body_bytes=options.max_request_body_bytes,
-                       body_read_timeout=options.body_read_timeout, send_timeout=options.send_timeout)
+                       body_read_timeout=options.body_read_timeout, send_timeout=options.send_timeout,
+                       api_key=options.api_key)
     _add_error_handlers(app)
     key_check = Depends(_api_key_check(options.api_key))
     if not options.disable_fastapi_docs:
         _add_docs(app, key_check)
     _add_open_routes(app, engine, metrics)
     completions = CompletionServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
+    completions.max_prompts = options.max_prompts
     chat = ChatServing(engine, served_model_names, tokenizer, preprocess, spec_metrics)
     app.include_router(_v1_routes(completions, chat, key_check))
     app.include_router(_tokenize_routes(TokenizeServing(engine, served_model_names, tokenizer, preprocess)))
@@ -141,18 +141,13 @@ def _respond(result):
 
 
 def _api_key_check(api_key: str | None):
-    """A dependency: 401 unless ``Authorization: Bearer KEY``; compared as bytes in constant time, so
-    any header (non-ASCII, several spaces, no scheme) is a 401, never a 500."""
+    """A dependency: 401 unless ``Authorization: Bearer KEY`` (``guards.authorized``; ``RequestGuard``
+    already answers such requests before their body, this keeps every keyed route guarded by itself)."""
     expected = api_key.encode() if api_key is not None else None
 
     async def check(request: Request) -> None:
-        if expected is None:
-            return
-        header = b"".join(value for name, value in request.scope["headers"] if name == b"authorization")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), expected):
-            raise APIError(401, "Incorrect API key provided: pass it as 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
+        if not authorized(request.scope["headers"], expected):
+            raise APIError(401, KEY_MESSAGE, code="invalid_api_key")
 
     return check
 

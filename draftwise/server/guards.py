@@ -1,7 +1,8 @@
 """Bounds on what one HTTP connection can hold: header and body read time, body size, unread output.
 
-``RequestGuard`` (ASGI middleware) reads each request's body before the app
-sees it: more than ``max_request_body_bytes`` (declared or sent) is a 413,
+``RequestGuard`` (ASGI middleware) answers a request to a path the API key guards without
+the key with its 401 as soon as the headers are read, whatever its body; it reads each other
+request's body before the app sees it: more than ``max_request_body_bytes`` (declared or sent) is a 413,
 a body that has not arrived within ``body_read_timeout`` a 408; the app then
 gets the body from memory. Every ``send`` of the response must complete
 within ``send_timeout`` (uvicorn's send waits while the client does not read);
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -38,14 +40,32 @@ class _Disconnected(Exception):
     pass
 
 
+KEY_MESSAGE = "Incorrect API key provided: pass it as 'Authorization: Bearer KEY'"
+KEY_PATHS = ("/v1/", "/openapi.json")  # what the API key guards (vLLM's key guards /v1 only)
+
+
+def authorized(headers: list[tuple[bytes, bytes]], expected: bytes | None) -> bool:
+    """``Authorization: Bearer KEY`` with the server's key (any request where it has none); compared as
+    bytes in constant time, so any header (non-ASCII, several spaces, no scheme) is simply refused."""
+    if expected is None:
+        return True
+    header = b"".join(value for name, value in headers if name == b"authorization")
+    scheme, _, token = header.partition(b" ")
+    return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), expected)
+
+
 class RequestGuard:
-    def __init__(self, app, max_request_body_bytes: int, body_read_timeout: float, send_timeout: float):
+    def __init__(self, app, max_request_body_bytes: int, body_read_timeout: float, send_timeout: float,
+                 api_key: str | None = None):
         self.app = app
         self.max_bytes, self.body_timeout, self.send_timeout = max_request_body_bytes, body_read_timeout, send_timeout
+        self.expected_key = api_key.encode() if api_key is not None else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if scope["path"].startswith(KEY_PATHS) and not authorized(scope["headers"], self.expected_key):
+            return await _reject(send, 401, KEY_MESSAGE, "invalid_api_key")  # on the headers: no body is read
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         try:
             if int(declared) > self.max_bytes:
@@ -104,8 +124,9 @@ def _replay(body: bytes, receive):
     return replay
 
 
-async def _reject(send, status: int, message: str) -> None:
-    response = APIError(status, message, code="request_too_large" if status == 413 else "request_timeout").response()
+async def _reject(send, status: int, message: str, code: str | None = None) -> None:
+    code = code or ("request_too_large" if status == 413 else "request_timeout")
+    response = APIError(status, message, code=code).response()
     headers = [*response.raw_headers, (b"connection", b"close")]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": response.body})

@@ -13,6 +13,8 @@ the HTTP front end do:
   aborted (its engine request too), so a stalled reader holds nothing for long;
 - ``--trust-request-chat-template``: allow vLLM's per-request ``chat_template``
   (off: 400), rendered in ``TemplateSandbox`` with ``--chat-template-timeout``;
+- ``--max-prompts`` (default 2048, OpenAI's limit): prompts in one completions request (each is
+  checked as a request of its own; ``--max-n`` bounds ``n``);
 - ``--disable-fastapi-docs``: no ``/docs``, ``/redoc``, ``/openapi.json``
   (with ``--api-key`` they require the key anyway).
 
@@ -45,11 +47,14 @@ class ServerOptions:
     chat_template_timeout: float = 2.0
     disable_fastapi_docs: bool = False
     per_request_spec_decode_metrics: str = "none"
+    max_prompts: int = 2048  # prompts in one completions request (OpenAI's limit)
 
     def __post_init__(self) -> None:
         if self.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
             raise ValueError(f"--per-request-spec-decode-metrics={self.per_request_spec_decode_metrics!r} is "
                              f"invalid: must be one of {list(SPEC_METRICS_LEVELS)}")
+        if not isinstance(self.max_prompts, int) or self.max_prompts < 1:
+            raise ValueError(f"--max-prompts={self.max_prompts!r} must be an int >= 1")
         if not isinstance(self.max_request_body_bytes, int) or self.max_request_body_bytes < 1024:
             raise ValueError(f"--max-request-body-bytes={self.max_request_body_bytes!r} must be an int >= 1024")
         for name in ("header_read_timeout", "body_read_timeout", "send_timeout", "chat_template_timeout"):
@@ -63,7 +68,8 @@ class ServerOptions:
                    header_read_timeout=args.header_read_timeout, body_read_timeout=args.body_read_timeout,
                    send_timeout=args.send_timeout, trust_request_chat_template=args.trust_request_chat_template,
                    chat_template_timeout=args.chat_template_timeout, disable_fastapi_docs=args.disable_fastapi_docs,
-                   per_request_spec_decode_metrics=getattr(args, "per_request_spec_decode_metrics", None) or "none")
+                   per_request_spec_decode_metrics=getattr(args, "per_request_spec_decode_metrics", None) or "none",
+                   max_prompts=args.max_prompts)
 
 
 def add_server_args(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +88,8 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="allow a per-request chat_template (rendered in a sandboxed process)")
     parser.add_argument("--chat-template-timeout", type=float, default=default.chat_template_timeout,
                         help="seconds a request's chat_template may take to render")
+    parser.add_argument("--max-prompts", type=int, default=default.max_prompts,
+                        help="prompts in one /v1/completions request (default: OpenAI's 2048)")
     parser.add_argument("--disable-fastapi-docs", action="store_true",
                         help="serve no /docs, /redoc or /openapi.json")
 

@@ -108,22 +108,25 @@ class OpenAIServing:
         """Queue one engine request per prompt; if one is rejected, abort the others (400, naming the
         request field of the constraint when the engine refused that). A request of one sequence gets a
         ``SpecTrace`` when vLLM's per-request spec metrics are asked for."""
-        handles: list[RequestHandle] = []
         speculative = self.engine.engine.config.speculative
         traced = self.spec_metrics != "none" and speculative is not None and len(prompts) == 1 and params.n == 1
         detailed = self.spec_metrics == "detailed"
-        try:
-            for i, prompt in enumerate(prompts):
-                trace = SpecTrace(speculative.num_speculative_tokens, detailed) if traced else None
-                handles.append(await self.engine.add_request(f"{request_id}-{i}", prompt, params, trace))
-        except BaseException as exc:
+        adds = [self.engine.add_request(f"{request_id}-{i}", prompt, params,
+                                        SpecTrace(speculative.num_speculative_tokens, detailed) if traced else None)
+                for i, prompt in enumerate(prompts)]
+        # Every add is posted before any is awaited, so the engine thread takes a batch of prompts in one turn.
+        results = await asyncio.gather(*adds, return_exceptions=True)
+        handles: list[RequestHandle] = [r for r in results if isinstance(r, RequestHandle)]
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
             for handle in handles:
                 handle.abort()
+            exc = failure
             if isinstance(exc, ValueError):
                 if constraint is not None and constraint.error_param(str(exc)):
                     raise APIError(400, str(exc), param=constraint.error_param(str(exc))) from None
                 raise APIError.from_value_error(exc, prompt_param, self.aliases) from None
-            raise
+            raise exc
         return handles
 
     @staticmethod

@@ -25,14 +25,15 @@ from .serving_base import OpenAIServing, TextDelta, merge_outputs, sse, stream_e
 
 
 class CompletionServing(OpenAIServing):
+    max_prompts = 2048  # prompts in one request (OpenAI's limit; ServerOptions.max_prompts lowers it)
+
     async def create(self, request: CompletionRequest, is_disconnected):
         self.check_request(request)
         constraint = resolve_constraint(request)
         raw_prompts = _prompts(request.prompt)
-        max_n = self.engine.engine.config.max_n
-        if len(raw_prompts) * request.n > max_n:
-            raise APIError(400, f"{len(raw_prompts)} prompts x n={request.n} choices is more than the server's "
-                           f"max_n={max_n} choices per request", param="n" if len(raw_prompts) == 1 else "prompt")
+        if len(raw_prompts) > self.max_prompts:  # (n is bounded by the engine's max_n, per prompt)
+            raise APIError(400, f"{len(raw_prompts)} prompts are more than the server's --max-prompts="
+                           f"{self.max_prompts} per request", param="prompt")
         prompts = [await self._tokenize(p, request.add_special_tokens) for p in raw_prompts]
         for prompt in prompts:
             self.check_length(prompt["prompt_token_ids"], request.max_tokens, "prompt")
