@@ -24,7 +24,7 @@ from test_server_errors import call, chat, completion
 
 BODY_LIMIT = 64 * 1024
 FLAGS = ["--max-request-body-bytes", str(BODY_LIMIT), "--header-read-timeout", "1", "--body-read-timeout", "1",
-         "--trust-request-chat-template", "--chat-template-timeout", "1", "--max-n", "8"]
+         "--trust-request-chat-template", "--chat-template-timeout", "1", "--max-n", "8", "--max-prompts", "4"]
 SLOW_TEMPLATE = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 HUGE_TEMPLATE = "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}"
 
@@ -48,7 +48,7 @@ PROBES = {
                                       "stream_options"),
     "min_tokens > max_tokens": ("/v1/completions", completion(min_tokens=9, max_tokens=4), 400, "min_tokens"),
     "n past max_n": ("/v1/completions", completion(n=9), 400, "n"),
-    "prompts x n past max_n": ("/v1/completions", completion(prompt=["a"] * 5, n=2), 400, "prompt"),
+    "prompts past max_prompts": ("/v1/completions", completion(prompt=["a"] * 5), 400, "prompt"),
     "logprobs past max_logprobs": ("/v1/completions", completion(logprobs=21), 400, "logprobs"),
     "chat top_logprobs past max_logprobs": ("/v1/chat/completions", chat(logprobs=True, top_logprobs=21), 400,
                                             "top_logprobs"),

@@ -35,15 +35,15 @@ def test_a_capped_request_never_verifies_more_drafts_than_its_cap(ngram_llm, tin
     assert uncapped.spec_num_draft_tokens > 2 * uncapped.spec_num_drafts  # without a cap drafts run deeper
 
 
-def test_cap_zero_turns_the_grammars_drafts_off_too(tiny_llm):
+def test_cap_zero_turns_the_grammars_drafts_off_too(tiny_model_dir):
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0)  # (the shared tiny_llm keeps no grammar stats)
     constraint = StructuredOutputsParams(regex=r"(the quick brown fox jumps over the lazy dog)")
-    before = tiny_llm.get_spec_decode_stats().get("grammar_num_draft_tokens", 0)
-    out = tiny_llm.generate("Say it:", greedy(30, structured_outputs=constraint,
-                                              extra_args={"num_speculative_tokens": 0}), use_tqdm=False)[0]
+    out = llm.generate("Say it:", greedy(30, structured_outputs=constraint,
+                                         extra_args={"num_speculative_tokens": 0}), use_tqdm=False)[0]
     assert out.outputs[0].text == "the quick brown fox jumps over the lazy dog"
-    assert tiny_llm.get_spec_decode_stats()["grammar_num_draft_tokens"] == before
-    tiny_llm.generate("Say it:", greedy(30, structured_outputs=constraint), use_tqdm=False)
-    assert tiny_llm.get_spec_decode_stats()["grammar_num_draft_tokens"] > before  # (without the cap it drafts)
+    assert llm.get_spec_decode_stats()["grammar_num_draft_tokens"] == 0
+    llm.generate("Say it:", greedy(30, structured_outputs=constraint), use_tqdm=False)
+    assert llm.get_spec_decode_stats()["grammar_num_draft_tokens"] > 0  # (without the cap it drafts)
 
 
 @pytest.mark.parametrize("extra_args, says", [
