@@ -57,6 +57,56 @@ def test_faulty_request_fails_alone_and_others_match_a_clean_run(tiny_model_dir,
     assert len(calls) > 0
 
 
+def _check_alone(outs, clean, says: str) -> None:
+    for i, (out, ref) in enumerate(zip(outs, clean)):
+        if i == 3:
+            assert out.finished and out.outputs[0].finish_reason == "error" and says in out.error
+        else:
+            assert out.error is None and out.outputs[0].token_ids == ref.outputs[0].token_ids, f"request {i} changed"
+
+
+@pytest.mark.parametrize("engine_kwargs", [{}, {"async_scheduling": True}], ids=["plain", "async-scheduling"])
+def test_a_faulty_output_build_fails_its_request_alone(tiny_model_dir, engine_kwargs):
+    """Detokenizing one request raises: that request ends with "error", the others are untouched."""
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, **engine_kwargs)
+    clean = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    processor = llm.llm_engine.output_processor
+    real_decode = processor.decode
+
+    def decode(seq):
+        if seq.params.seed == FAULTY_SEED:
+            raise UnicodeError("injected detokenization fault")
+        return real_decode(seq)
+
+    processor.decode = decode
+    _check_alone(llm.generate(PROMPTS, _params(), use_tqdm=False), clean, "injected detokenization fault")
+    assert not llm.llm_engine.has_unfinished_requests() and llm.llm_engine.block_manager.usage == 0
+
+
+def test_a_faulty_grammar_draft_fails_its_request_alone(tiny_model_dir, monkeypatch):
+    """The grammar's drafting raises for one constrained request: it alone ends with "error"."""
+    from draftwise import StructuredOutputsParams
+    from draftwise.engine.structured_outputs import StructuredOutputs
+
+    constraint = StructuredOutputsParams(regex=r"[a-z ]{8,40}")
+    params = [SamplingParams(temperature=0.0, seed=i, max_tokens=12, structured_outputs=constraint)
+              for i in range(len(PROMPTS))]
+    params[3] = SamplingParams(temperature=0.0, seed=FAULTY_SEED, max_tokens=12, structured_outputs=constraint)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0)
+    clean = llm.generate(PROMPTS, params, use_tqdm=False)
+    real = StructuredOutputs._draft_one
+
+    def draft_one(self, seq, rec):
+        if seq.params.seed == FAULTY_SEED and seq.num_output_tokens >= 3:
+            raise RuntimeError("injected grammar drafting fault")
+        return real(self, seq, rec)
+
+    monkeypatch.setattr(StructuredOutputs, "_draft_one", draft_one)
+    _check_alone(llm.generate(PROMPTS, params, use_tqdm=False), clean, "injected grammar drafting fault")
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.block_manager.usage == 0 and not engine.structured.states
+
+
 def test_bisection_names_each_failing_group_and_combinations():
     bad = {2, 5}
 

@@ -8,7 +8,9 @@ that progressed (finished ones are released from the cache at once).
 ``abort_request`` frees a request's blocks immediately. If a step raises, the
 requests that cause it are found by bisection (``fault_isolation.py``) and fail
 alone (``finish_reason="error"``, ``RequestOutput.error`` says why); the others'
-step runs without them, with the tokens a batch without them would give.
+step runs without them, with the tokens a batch without them would give. A fault in one
+request's grammar drafting or in building its output (detokenization) ends that request alone
+the same way; a grammar that refuses an emitted token fails its request with its output cut.
 
 ``async_scheduling=True`` builds the previous step's outputs on a worker thread
 while each forward runs (see ``step``).
@@ -63,7 +65,7 @@ from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .compile_target import compile_target
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
-from .output_processor import OutputProcessor
+from .output_processor import OutputProcessor, error_output
 from .model_limits import eos_token_ids, resolve_max_model_len
 from .prompt_input import tokenize_prompt
 from .request_checks import check_request
@@ -387,7 +389,8 @@ class LLMEngine:
             spec.propose(result)
         for item in plan.scheduled:  # their full computed blocks become shareable (after the drafter ran)
             self.block_manager.cache_computed(item.seq)
-        self.structured.draft(result.seqs)  # the grammar's drafts, with or without a proposer
+        for seq, exc in self.structured.draft(result.seqs):  # the grammar's drafts, with or without a proposer
+            self._fail_request(seq.request_id, exc)  # (its drafting raised: that request alone ends)
         for seq in finished:
             self._release(seq)
         for refusal in refused:
@@ -410,8 +413,12 @@ class LLMEngine:
             request = self.requests.get(rid)
             if request is None:
                 continue
-            out = self.output_processor.make_output(rid, request.prompt, request.seqs,
-                                                    self.detokenize_unfinished)
+            try:
+                out = self.output_processor.make_output(rid, request.prompt, request.seqs,
+                                                        self.detokenize_unfinished)
+            except Exception as exc:  # building this request's output (detokenizing it) failed: it alone ends
+                self._fail_request(rid, exc)
+                out = error_output(rid, request.prompt, request.seqs)
             out.error = request.error
             if request.prompt_logprobs is not None:
                 out.prompt_logprobs = list(request.prompt_logprobs)

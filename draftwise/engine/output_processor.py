@@ -134,16 +134,27 @@ class OutputProcessor:
                 cumulative_logprob=seq.cumulative_logprob if logprobs_on else None,
                 logprobs=seq.logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
         first = seqs[0]
-        metrics = RequestMetrics(
-            arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=min((s.first_token_time for s in seqs if s.first_token_time), default=None),
-            finished_time=max((s.finished_time or 0 for s in seqs), default=None) or None,
-            num_generation_tokens=sum(s.num_output_tokens for s in seqs),
-            num_preemptions=sum(s.num_preemptions for s in seqs),
-            spec_num_drafts=sum(s.num_drafts for s in seqs),
-            spec_num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
-            spec_num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=first.prompt_token_ids,
                              outputs=completions, finished=all(s.is_finished for s in seqs),
-                             metrics=metrics, kv_transfer_params=first.kv_transfer_params,
+                             metrics=request_metrics(seqs), kv_transfer_params=first.kv_transfer_params,
                              num_cached_tokens=first.num_cached_tokens)
+
+
+def request_metrics(seqs: list[Sequence]) -> RequestMetrics:
+    first = seqs[0]
+    return RequestMetrics(
+        arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
+        first_token_time=min((s.first_token_time for s in seqs if s.first_token_time), default=None),
+        finished_time=max((s.finished_time or 0 for s in seqs), default=None) or None,
+        num_generation_tokens=sum(s.num_output_tokens for s in seqs),
+        num_preemptions=sum(s.num_preemptions for s in seqs),
+        spec_num_drafts=sum(s.num_drafts for s in seqs),
+        spec_num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
+        spec_num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
+
+
+def error_output(request_id: str, prompt: str | None, seqs: list[Sequence]) -> RequestOutput:
+    """The output of a request whose own output could not be built: no text, ``finish_reason="error"``."""
+    completions = [CompletionOutput(index=seq.index, text="", token_ids=[], finish_reason="error") for seq in seqs]
+    return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=seqs[0].prompt_token_ids,
+                         outputs=completions, finished=True, metrics=request_metrics(seqs))

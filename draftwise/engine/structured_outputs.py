@@ -246,19 +246,28 @@ class StructuredOutputs:
         return finished, refused
 
     @_timed
-    def draft(self, seqs: list[Sequence]) -> None:
-        """Replace each running constrained sequence's drafts with the grammar's (``GrammarState.draft``)."""
+    def draft(self, seqs: list[Sequence]) -> list[tuple[Sequence, Exception]]:
+        """Replace each running constrained sequence's drafts with the grammar's (``GrammarState.draft``);
+        returns the sequences whose drafting raised, with the exception (the engine fails their request)."""
+        failed = []
         for seq in seqs:
             rec = self.states.get(seq.seq_id)
             if rec is None or seq.finish_reason is not None:
                 continue
-            proposed = seq.spec_token_ids
-            cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
-            request_cap = seq.params.num_speculative_tokens  # the request's own cap holds for the grammar's too
-            limit = min(cap, seq.num_draft_slots(self.max_model_len),
-                        cap if request_cap is None else request_cap)
-            out = rec.state.draft(proposed, limit, self.grammar_drafts) if limit > 0 else GrammarDraft()
-            self._set_drafts(seq, rec, out, proposed)
+            try:
+                self._draft_one(seq, rec)
+            except Exception as exc:
+                seq.spec_token_ids, seq.spec_probs = [], None
+                failed.append((seq, exc))
+        return failed
+
+    def _draft_one(self, seq: Sequence, rec: _SeqGrammar) -> None:
+        proposed = seq.spec_token_ids
+        cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
+        request_cap = seq.params.num_speculative_tokens  # the request's own cap holds for the grammar's too
+        limit = min(cap, seq.num_draft_slots(self.max_model_len), cap if request_cap is None else request_cap)
+        out = rec.state.draft(proposed, limit, self.grammar_drafts) if limit > 0 else GrammarDraft()
+        self._set_drafts(seq, rec, out, proposed)
 
     @staticmethod
     def _set_drafts(seq: Sequence, rec: _SeqGrammar, out: GrammarDraft, proposed: list[int]) -> None:
