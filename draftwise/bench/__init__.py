@@ -23,7 +23,11 @@ __all__ = ["add_bench_args", "cmd_bench"]
 
 
 def cmd_bench(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from .plots import write_plots
+    try:
+        from .plots import write_plots
+    except ImportError as exc:  # matplotlib comes with the bench extra
+        raise SystemExit(f"draftwise bench draws its plots with matplotlib ({exc}): "
+                         "pip install 'draftwise[bench]'") from None
     from .report import print_report, recommendations, results_dict, transformers_ratios, write_results
     from .run import run_bench
     from .summary import compare_outputs
