@@ -70,6 +70,12 @@ void quantize_rows(const In* x, int64_t num_rows, int64_t in_features, int64_t n
 }
 
 #if defined(__AVX2__)
+inline short fp16_at(const uint8_t* p) {  // the raw bits of an fp16 at p
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return static_cast<short>(bits);
+}
+
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline __m256i nibbles(const uint8_t* p16) {  // 16 bytes -> low nibbles (values 0-15), then high (16-31)
@@ -140,16 +146,15 @@ template <int64_t T>
 inline void group_scales(const uint8_t* row, int64_t g, __m256* scale, __m256* offset) {
   const int64_t u0 = g * kGroup;
   const uint8_t* b = row + (u0 / Layout<T>::units) * Layout<T>::bytes;
+  // Lanes are built from registers, never stored piecewise and reloaded whole (that defeats store forwarding).
   if (Layout<T>::units == 1) {  // one block per unit: its fp16 d (and m) at a fixed stride
-    uint16_t d[kGroup], m[kGroup];
-    for (int64_t j = 0; j < kGroup; ++j) {
-      std::memcpy(&d[j], b + j * Layout<T>::bytes, 2);
-      std::memcpy(&m[j], b + j * Layout<T>::bytes + 2, 2);
-    }
-    const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d)));
+    constexpr int64_t B = Layout<T>::bytes;
+    const __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16(fp16_at(b), fp16_at(b + B), fp16_at(b + 2 * B), fp16_at(b + 3 * B),
+                                                  0, 0, 0, 0));
     *scale = _mm256_set_m128(d4, d4);
     if (T == kQ4_1 || T == kQ5_1) {
-      const __m128 m4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+      const __m128 m4 = _mm_cvtph_ps(_mm_setr_epi16(fp16_at(b + 2), fp16_at(b + B + 2), fp16_at(b + 2 * B + 2),
+                                                    fp16_at(b + 3 * B + 2), 0, 0, 0, 0));
       *offset = _mm256_set_m128(m4, m4);
     } else {
       *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(T == kQ4_0 ? -8.f : T == kQ5_0 ? -16.f : 0.f));
@@ -165,10 +170,10 @@ inline void group_scales(const uint8_t* row, int64_t g, __m256* scale, __m256* o
     *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(-32.f));
     return;
   }
-  alignas(16) float sc[kGroup], mn[kGroup];  // Q4_K / Q5_K: 6-bit scales and mins
+  float sc[kGroup], mn[kGroup];  // Q4_K / Q5_K: 6-bit scales and mins
   for (int64_t j = 0; j < kGroup; ++j) scale_min_k4(s0 + j, b + 4, &sc[j], &mn[j]);
-  const __m128 sc4 = _mm_mul_ps(_mm_load_ps(sc), _mm_set1_ps(half_at(b)));
-  const __m128 mn4 = _mm_mul_ps(_mm_load_ps(mn), _mm_set1_ps(-half_at(b + 2)));
+  const __m128 sc4 = _mm_mul_ps(_mm_setr_ps(sc[0], sc[1], sc[2], sc[3]), _mm_set1_ps(half_at(b)));
+  const __m128 mn4 = _mm_mul_ps(_mm_setr_ps(mn[0], mn[1], mn[2], mn[3]), _mm_set1_ps(-half_at(b + 2)));
   *scale = _mm256_set_m128(sc4, sc4);
   *offset = _mm256_set_m128(mn4, mn4);
 }
