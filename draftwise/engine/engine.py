@@ -399,11 +399,9 @@ class LLMEngine:
 
     def _refuse(self, refusal: GrammarRefusal) -> None:
         """A token its grammar refused: the output ends before it and the request fails."""
-        if refusal.seq.request_id in self.requests:
+        if refusal.seq.request_id in self.requests:  # (releases its sequences still running)
             self._fail_request(refusal.seq.request_id, refusal.error())
-        if not refusal.seq.is_finished:
-            self._release(refusal.seq)
-        refusal.seq.finish_reason = "error"
+        refusal.seq.finish_reason = "error"  # (one a stop rule had finished keeps no other reason)
         refusal.seq.truncate_output(refusal.num_valid)
 
     def _outputs(self, request_ids: list[str]) -> list[RequestOutput]:

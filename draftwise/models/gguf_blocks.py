@@ -20,16 +20,11 @@ import torch
 from torch import nn
 
 from ..layers.gguf_linear import QTYPE_IDS, ConcatLinear, GGUFLinear
+from .gguf_int4 import unpermute_rows
 
 _FUSED = {"qkv_proj": ("attn_q", "attn_k", "attn_v"), "o_proj": ("attn_output",),
           "gate_up_proj": ("ffn_gate", "ffn_up"), "down_proj": ("ffn_down",)}
 _CACHE_FILE = "gguf_blocks.safetensors"
-
-
-def _unpermute_rows(rows: torch.Tensor, num_heads: int) -> torch.Tensor:  # [out, row_bytes]
-    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's."""
-    n = rows.shape[0]
-    return rows.reshape(num_heads, n // num_heads // 2, 2, -1).transpose(1, 2).reshape(n, -1)
 
 
 def _read(gguf_path: Path, config, num_layers: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -49,7 +44,7 @@ def _read(gguf_path: Path, config, num_layers: int) -> tuple[dict[str, torch.Ten
             for j, (name, tensor) in enumerate(zip(names, parts)):
                 raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # [out, row_bytes]
                 key = f"layers.{i}.{module}.{j}"
-                blocks[key] = _unpermute_rows(raw, permuted[name]) if name in permuted else raw
+                blocks[key] = unpermute_rows(raw, permuted[name]) if name in permuted else raw
                 types[key] = tensor.tensor_type.name
     head = tensors.get("output.weight") or tensors.get("token_embd.weight")  # tied: the embedding table
     if head is not None and head.tensor_type.name in QTYPE_IDS:

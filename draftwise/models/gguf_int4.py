@@ -6,14 +6,9 @@ A Q4_1 block holds 32 weights of one row as ``w = q * d + m`` (``q`` in
 per group of 32 input columns, so ``scale = d`` and ``zero = m + 8 d``
 reproduce the file's weights (exactly with fp32 scales; the kernel's fast
 path takes bf16 activations and bf16 scales, which round like bf16 weights).
-It streams 4-bit instead of 16-bit weights: 30 layers of SmolLM2 at one row
-measured 8.2-11.2 ms against 35.4-35.9 ms for bf16 ``torch.mv``.
-
-Accuracy: one SmolLM2 MLP projection against fp32, relative error 0.0030
-(int4 kernel, bf16) vs 0.0027 (bf16 dequantized weights); end to end, the
-first-token logprobs of a SmolLM2 prompt differ from fp32 by up to 0.12
-(bf16 dequantized: 0.04). Faster but less exact, so it is opt-in:
-``LLM(..., additional_config={"gguf_int4": True})``.
+It streams 4-bit instead of 16-bit weights, with bf16 activations: less exact
+than bf16 de-quantized weights (``tests/test_gguf_int4.py`` bounds the first-token
+logprob error), so it is opt-in: ``LLM(..., additional_config={"gguf_int4": True})``.
 
 ``apply_gguf_int4(model, gguf_path, cache_dir)`` swaps every layer's four
 linears of a bf16 CPU model for ``Int4Linear`` when all of them are
@@ -67,7 +62,7 @@ def read_q4(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.from_numpy(q.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zero)
 
 
-def _unpermute_rows(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+def unpermute_rows(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's."""
     rows = t.shape[0]
     return t.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
@@ -83,7 +78,7 @@ def _layer_q4(tensors: dict, i: int, config) -> dict[str, tuple] | None:
     if getattr(config, "model_type", "llama") == "llama":  # llama.cpp permutes llama q/k only
         heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
         for key, num_heads in heads.items():
-            parts[key] = tuple(_unpermute_rows(x, num_heads) for x in parts[key])
+            parts[key] = tuple(unpermute_rows(x, num_heads) for x in parts[key])
     return parts
 
 
