@@ -18,8 +18,8 @@ import time
 from .engine.arg_utils import EngineArgs
 
 
-SERVE_DECODE_STALL_FACTOR = 2.75  # a server's streams: ITL p99 within 3x p50 while prompts arrive (3 itself
-# read 2.6-3.03x, 2.75 read 2.45-2.6x at the same tokens/s: the bound holds at the mixed steps' 95th percentile)
+SERVE_DECODE_STALL_FACTOR = 2.75  # a server's streams: keeps ITL p99 within 3x p50 while prompts arrive
+# (the bound holds at the mixed steps' 95th percentile, so the factor sits a margin below 3)
 # vLLM EngineArgs names that are serve's own flags (the server reads them, not the engine)
 SERVER_OWN_ARGS = ("served_model_name", "log_level", "per_request_spec_decode_metrics")
 

@@ -10,8 +10,8 @@ residual adds between them, and the graph's wrapper is generated C++
 (``cpp_wrapper``), which measured faster than the Python wrapper for a
 30-layer model. Weights are not frozen: with freezing, inductor's AOT autograd
 cache refuses the graph, and a start with a warm on-disk cache
-(``TORCHINDUCTOR_CACHE_DIR``, ``compilation_config["cache_dir"]``) took 15-17 s
-instead of 7 s.
+(``TORCHINDUCTOR_CACHE_DIR``, ``compilation_config["cache_dir"]``) would take about
+twice as long.
 
 Sizes: with ``buckets`` each size is a static graph and a batch is padded up
 to the smallest bucket that holds it (larger batches run eager); without,

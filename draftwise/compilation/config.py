@@ -6,9 +6,9 @@ mode, as ``-O3`` sets it). Keys:
 * ``mode`` (alias ``level``): 0 / ``NONE`` runs eager; 1 ``STOCK_TORCH_COMPILE``,
   2 ``DYNAMO_TRACE_ONCE`` and 3 ``VLLM_COMPILE`` all compile the target's forward
   (see ``compiled_forward.py``). ``enforce_eager=True`` always runs eager. The
-  default is 0, unlike vLLM's 3: on the CPUs measured so far the compiled step
-  ran no faster than eager (see README, Speed) and its compile adds 40-50 s to a
-  start, so compiling is asked for (``-O3``), not imposed.
+  default is 0, unlike vLLM's 3: on CPUs the compiled step has not been faster
+  than eager (``benchmarks/bench_compile.py``) and its compile adds tens of seconds
+  to a start, so compiling is asked for (``-O3``), not imposed.
 * ``compile_sizes``: token counts that get a graph of their own (static shapes);
   ``"cudagraph_capture_sizes"`` in the list stands for those sizes.
 * ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size``: the bucket sizes a

@@ -1,9 +1,8 @@
 """``ShmCollectives``: all-reduce and gather through shared memory, for ranks on one CPU host.
 
-gloo's all-reduce over loopback TCP took ~270 us for one decode step's ``[1, 576]`` tensor on this
-2-core machine, and ~1 ms inside real steps (61 of them per SmolLM2 step); a shared-memory
-exchange takes ~30 us. So ranks of one host (the ``mp`` executor on CPU) exchange small tensors
-through a file in ``/dev/shm`` that every rank maps:
+A decode step makes dozens of all-reduces of small tensors, where gloo's loopback TCP costs
+about ten times a shared-memory exchange. So ranks of one host (the ``mp`` executor on CPU)
+exchange small tensors through a file in ``/dev/shm`` that every rank maps:
 
     [flags: one 64-byte line per rank][buffer 0: one slot per rank][buffer 1: one slot per rank]
 

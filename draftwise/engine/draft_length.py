@@ -35,9 +35,7 @@ So after ``PROBE_EVERY`` steps in which every draft was withheld, one
 sequence gets a single draft: a probe costing one row (and, for a drafter
 with its own K/V, catching up on the positions it skipped: the sequence whose
 drafter lags least is probed, then the least known), not the whole batch
-re-probed at once. (The prior used to fade back towards
-``PRIOR`` over withheld steps instead: EAGLE-3 at 8 code-edit clients then
-re-probed every new sequence at ~0.4 after a few hundred steps.)
+re-probed at once.
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows

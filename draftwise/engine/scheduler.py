@@ -12,8 +12,7 @@ streams: while sequences decode, the prefill joining a step is bounded so that
 the step is predicted to take at most that many times the decode-only step
 (``StepCostModel``, learned from the engine's own steps; the prediction
 scaled by ``prefill_margin``, the 95th percentile of how such mixed steps ran
-against it, so the bound holds for their tail and not only at their median:
-mixed steps on 2 cores ran 0.87-1.16x their prediction, p10-p90), and at least
+against it, so the bound holds for their tail and not only at their median), and at least
 ``MIN_PREFILL_CHUNK`` tokens so prompts always progress. Without decodes,
 prefill takes the whole budget. (Off by default: small prefill chunks cost
 more per token, so the bound trades throughput for inter-token latency.) When a running

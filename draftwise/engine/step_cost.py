@@ -21,11 +21,10 @@ inter-token gap). Both read one ``StepCostModel``:
   their evidence at first and then by an exponential moving average, so the
   model follows load and thermal drift without trusting a single noisy step.
 
-Why keys: a decode row at a 3000-token context reads 3000 keys in each layer;
-on a 2-core CPU with SmolLM2 that is ~6 ms, more than the rest of its row.
-A model of rows alone, seeded at a short context, priced a draft row of a
-long sequence at a fraction of a millisecond: drafts looked free at 8
-sequences and EAGLE-3 drafted every step at 0.6x plain. Prefill rows (a
+Why keys: a decode row at a long context reads that many keys in each layer,
+which on a small CPU can cost more than the rest of its row; a model of rows
+alone, seeded at a short context, would price a draft row of a long sequence
+as nearly free. Prefill rows (a
 chunk's attention runs another kernel, over a causal triangle) are priced by
 rows alone: their keys are left out of ``num_keys``.
 

@@ -33,9 +33,8 @@ The kernel is chosen per sequence, by its query rows: in a mixed batch (32
 decodes and one prefill chunk, or one sequence verifying more drafts than the
 kernel is chosen for) ``split_by_kernel`` sends the paged kernel's sequences
 to it and only the others through SDPA, which then gathers only their
-contexts. (One kernel for the whole batch, picked by its longest query, sent
-32 decodes through the gathered path because one sequence had 5 drafts: a
-110 ms step took 250-700 ms.)
+contexts: one sequence with many drafts never sends every decode of the batch
+through the gathered path.
 
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]

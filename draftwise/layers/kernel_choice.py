@@ -47,8 +47,8 @@ from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64)
 ATTENTION_CONTEXT = 512
-ATTENTION_SEQS = 16  # sequences of the timed attention batch (a busy server's: with 4, SDPA looked as fast
-# as the paged kernel at 5-8 rows, and 16 such sequences beside decodes then ran 1.2x slower)
+ATTENTION_SEQS = 16  # sequences of the timed attention batch: a busy server's, since a small batch
+# under-prices the gathered SDPA path against the paged kernel
 BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
 METHOD_VERSION = 7  # part of the cache key: raise it when what is timed changes

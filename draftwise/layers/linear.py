@@ -8,9 +8,9 @@ runs, for a call with ``n`` rows, the kernel its plan names for ``n``:
   (``torch.mv``, one row only).
 * fp32: ``matmul_t`` (``x @ W^T`` with ``W^T`` stored contiguous) and ``packed``.
 
-No kernel wins everywhere: one-row bf16 ``torch.mv`` was the fastest on an
-AVX2-only EPYC and 2.7x slower than ``packed`` on a Zen 4 with AVX512-BF16;
-MKL's fp32 GEMM is very slow for a few rows on CPUs it does not tune for.
+No kernel wins everywhere: which of one-row bf16 ``torch.mv`` and ``packed`` is
+faster depends on whether the CPU has native bf16 (AVX512-BF16, AMX), and MKL's
+fp32 GEMM is very slow for a few rows on CPUs it does not tune for.
 So the plan is measured on the machine at start-up (``kernel_choice.py``);
 until then (and for modules nobody measured) ``DEFAULT_PLANS`` applies.
 ``pack_linears`` swaps every ``nn.Linear`` of a model for a ``PackedLinear``

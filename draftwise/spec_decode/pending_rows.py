@@ -5,8 +5,7 @@ a sequence before it can draft from the last one: its K/V holds them all, and
 each position reads the target's features there. Ingesting each step's rows as
 they come costs one drafter forward per step even when the draft-length policy
 gives no sequence a draft (a batch large enough that rows are not free, a weak
-drafter): measured on 2 cores (Zen 4, bf16), EAGLE-3 on SmolLM2 spent ~2.8 ms
-of a ~36 ms step of 8 sequences ingesting for nothing, most of its 0.89x.
+drafter), so rows wait here until their sequence drafts.
 
 ``PendingRows`` keeps, per sequence, the target features of the positions from
 ``seq.drafter_num_computed_tokens`` on that the target computed but the drafter

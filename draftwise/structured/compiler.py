@@ -7,7 +7,7 @@ an LRU of ``capacity`` grammars keyed by the grammar text (``grammar.py`` makes 
 Cached matchers are templates in their initial state: a sequence works on a ``deep_copy``.
 
 The llguidance tokenizer is built by ``make_tokenizer`` on the worker thread at the first
-compile (~300 ms for a 49k vocabulary), so neither start-up nor a step pays for it. A grammar
+compile (a fraction of a second for a large vocabulary), so neither start-up nor a step pays for it. A grammar
 that fails to compile (it validated without a tokenizer but does not build with this one)
 makes its future raise ``ValueError``.
 

@@ -1,6 +1,6 @@
 """Training an EAGLE-1 drafter (the ``eagle`` proposer's network).
 
-Network as ``spec/proposers/eagle.py``: ``g = layer(fc([embed(token) ; h]))`` with a
+Network as ``spec_decode/proposers/eagle.py``: ``g = layer(fc([embed(token) ; h]))`` with a
 decoder layer that has no input norm; ``h`` is the target's final-norm hidden state
 (step 0) or the drafter's previous output; the target's lm_head (frozen, shared, not
 saved) turns ``g`` into logits. As in EAGLE-1, ``g`` is also regressed onto the target's

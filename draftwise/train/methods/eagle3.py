@@ -1,6 +1,6 @@
 """Training an EAGLE-3 drafter (the ``eagle3`` proposer's network, trained with training-time test).
 
-Network as ``spec/proposers/eagle3.py``: ``fc`` [H, 3H] over the target's aux states
+Network as ``spec_decode/proposers/eagle3.py``: ``fc`` [H, 3H] over the target's aux states
 (inputs of layers (2, L // 2, L - 3)), one decoder layer whose q/k/v read
 [input_layernorm(embed(token)) ; hidden_norm(h)], ``norm``, ``lm_head`` over the
 reduced draft vocabulary. Starts from the target: ``lm_head`` = the target's lm_head

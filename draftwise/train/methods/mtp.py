@@ -1,6 +1,6 @@
 """Training a multi-token-prediction layer (the ``mtp`` proposer's network, DeepSeek-V3 style).
 
-Network as ``spec/proposers/mtp.py`` with one MTP layer: ``x = eh_proj([enorm(embed(token)) ;
+Network as ``spec_decode/proposers/mtp.py`` with one MTP layer: ``x = eh_proj([enorm(embed(token)) ;
 hnorm(h)])`` (embedding zeroed at position 0), a full decoder layer, ``shared_head.norm``
 and the target's lm_head (frozen, shared, not saved). ``h`` is the target's final-norm
 state at step 0 and the layer's own output after that (K > 1 reuses the layer, as vLLM
