@@ -84,7 +84,7 @@ def check_names(kwargs: dict, extra: list[str] = ()) -> None:
     hints = [f"{name!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(name, known, 1))
              else repr(name) for name in unknown]
     raise ValueError(f"unknown engine argument(s) {', '.join(hints)}: not among vLLM's EngineArgs nor "
-                     "draftwise's (see README, 'Coming from vLLM')")
+                     "draftwise's (see docs/vllm-compatibility.md)")
 
 
 def engine_config_from_kwargs(**kwargs) -> EngineConfig:

@@ -80,7 +80,7 @@ def add_vllm_flags(parser: argparse.ArgumentParser, names: list[str], frontend: 
     vLLM's server (``VLLM_FRONTEND_ARGS``) with ``frontend``."""
     table = VLLM_FRONTEND_ARGS if frontend else VLLM_ENGINE_ARGS
     group = parser.add_argument_group(f"vLLM {'server' if frontend else 'engine'} arguments (accepted as vLLM "
-                                      "does; README: 'Coming from vLLM')")
+                                      "does; docs/vllm-compatibility.md)")
     for name in names:
         flag = "--" + name.replace("_", "-")
         if flag in parser._option_string_actions:
