@@ -33,7 +33,7 @@ class GGUFLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor,  # [out_features, in_features / BLOCK_SIZES * BLOCK_BYTES] uint8
                  qtype: str, bias: torch.Tensor | None = None):
         super().__init__()
-        if not native.load():
+        if not available():
             raise RuntimeError("GGUFLinear needs draftwise's C++ CPU kernels, which did not build here")
         if qtype not in QTYPE_IDS:
             raise ValueError(f"GGUF type {qtype!r} has no kernel; supported: {sorted(QTYPE_IDS)}")

@@ -3,7 +3,7 @@
 // with a scale and an offset per half of 16, so that w_i = scale * u_i + offset. `unpack` is the
 // scalar reference; the kernels' SIMD loads follow it.
 //
-// Repacked layout (`kRepacked` types: Q4_0, Q4_1, Q8_0): each row's whole groups of kGroup units are
+// Repacked layout (Q4_0, Q4_1, Q8_0; gguf_linear.py's REPACKED): each row's whole groups of kGroup units are
 // rewritten once at load so that one load feeds two units and the group's scales sit together:
 // Q4_0 / Q4_1: 32 bytes holding units 0 and 1 (byte i: unit 0's code i in the low nibble, unit 1's
 // in the high one), 32 bytes for units 2 and 3, then the 4 fp16 d (and the 4 fp16 m); Q8_0: the 4
@@ -116,9 +116,6 @@ void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
       w->u[i] = ((k >= 2 ? ql[i] >> 4 : ql[i] & 0xF)) | (((qh[i] >> (2 * k)) & 3) << 4);
   }
 }
-
-template <int64_t T>
-constexpr bool kRepacked = T == kQ4_0 || T == kQ4_1 || T == kQ8_0;
 
 // unpack<T> for a unit of a whole group of a repacked row.
 template <int64_t T>
