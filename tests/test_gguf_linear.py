@@ -101,15 +101,23 @@ def test_bundled_model_runs_on_its_blocks_close_to_fp32():
     assert all(abs(ref[t].logprob - out[t].logprob) < 0.2 for t in shared)
 
 
+@pytest.mark.parametrize("in_features", [576, 544, 608])  # last group: a pair, 1 unit, 3 units
 @pytest.mark.parametrize("qtype", REPACKED)
-def test_repacked_rows_give_the_very_same_results(qtype):
-    """Q4_0 / Q4_1 / Q8_0 rows are repacked at load; a width whose last group is partial (18 units)
-    included, the outputs equal the file layout's bit for bit, at every row count."""
+def test_repacked_rows_compute_the_files_weights(qtype, in_features):
+    """Q4_0 / Q4_1 / Q8_0 rows are repacked at load (their last partial group too where it is a
+    pair); at every row count the outputs equal the file layout's up to the order of the sums
+    (the repacked rows run on the widest SIMD path), and both equal the exact product of the
+    file's weights with the rounded activations."""
     rng = np.random.default_rng(3)
-    blocks = quants.quantize(rng.standard_normal((24, 576)).astype(np.float32), GGMLQuantizationType[qtype])
+    kind = GGMLQuantizationType[qtype]
+    blocks = quants.quantize(rng.standard_normal((24, in_features)).astype(np.float32), kind)
+    weight = torch.from_numpy(quants.dequantize(blocks, kind)).double()
     layer = GGUFLinear(torch.from_numpy(blocks), qtype)
     assert layer.packed and not torch.equal(layer.blocks, torch.from_numpy(blocks))
     for rows in (1, 3, 9):
-        x = torch.randn(rows, 576)
+        x = torch.randn(rows, in_features)
         as_stored = torch.ops.draftwise_cpu.gguf_linear(x, torch.from_numpy(blocks), layer.qtype_id, False, None)
-        assert torch.equal(layer(x), as_stored)
+        exact = (_as_kernel_rounds(x).double() @ weight.t()).float()
+        tol = 1e-5 * exact.abs().max().item()
+        assert torch.allclose(layer(x), exact, rtol=1e-5, atol=tol)
+        assert torch.allclose(as_stored, exact, rtol=1e-5, atol=tol)

@@ -77,7 +77,7 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str, library: Path) -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [compiler, *map(str, SOURCES), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++17", "-O3",
+    command = [compiler, *map(str, SOURCES), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++20", "-O3",
                "-march=native", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]

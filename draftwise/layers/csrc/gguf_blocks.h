@@ -7,12 +7,19 @@
 // rewritten once at load so that one load feeds two units and the group's scales sit together:
 // Q4_0 / Q4_1: 32 bytes holding units 0 and 1 (byte i: unit 0's code i in the low nibble, unit 1's
 // in the high one), 32 bytes for units 2 and 3, then the 4 fp16 d (and the 4 fp16 m); Q8_0: the 4
-// units' 128 code bytes, then the 4 fp16 d. A group takes exactly the bytes of its 4 blocks, and a
-// row's last, partial group keeps the file's block layout at the same offset.
+// units' 128 code bytes in slot order (kSlot), then the 4 fp16 d. A group takes exactly the bytes
+// of its 4 blocks. A row's last, partial group of 2 units is repacked as a pair: Q4_0 / Q4_1: 32
+// bytes of nibble pairs, then the 2 fp16 d (and the 2 fp16 m); Q8_0: the 2 units' 64 code bytes,
+// then the 2 fp16 d. A partial group of 1 or 3 units keeps the file's block layout.
+//
+// Slot order: a 64-byte load of a repacked Q4 group's nibble pairs splits into units (0, 2) and
+// (1, 3); Q8_0's codes and the quantized activations (gguf_act.h) are stored in that same order,
+// units 0, 2, 1, 3, so one 512-bit register pairs with one 64-byte load of either.
 #pragma once
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -25,6 +32,7 @@ namespace draftwise_gguf {
 constexpr int64_t kUnit = 32;
 constexpr int64_t kGroup = 4;  // units whose integer dots are reduced and scaled together
 constexpr int64_t kTile = 8;   // activation rows sharing each unpacked group of weights
+constexpr int64_t kSlot[kGroup] = {0, 2, 1, 3};  // where unit j of a group is stored (its own inverse)
 enum QType : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
 // One unit of weights as the kernel reads it: w_i = scale[h] * u_i + offset[h] for h = i / 16,
@@ -117,17 +125,23 @@ void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
   }
 }
 
-// unpack<T> for a unit of a whole group of a repacked row.
+// Units in the repacked layout of a row of num_units: those of whole groups and of a last pair.
+inline int64_t repacked_units(int64_t num_units) {
+  return num_units % kGroup == 2 ? num_units : num_units / kGroup * kGroup;
+}
+
+// unpack<T> for a unit u < repacked_units(num_units) of a repacked row.
 template <int64_t T>
-void unpack_repacked(const uint8_t* row, int64_t u, WeightUnit* w) {
+void unpack_repacked(const uint8_t* row, int64_t num_units, int64_t u, WeightUnit* w) {
   const uint8_t* p = row + (u / kGroup) * kGroup * Layout<T>::bytes;
-  const int64_t j = u % kGroup;
-  const uint8_t* meta = p + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
+  const int64_t j = u % kGroup, n = std::min<int64_t>(kGroup, num_units - u / kGroup * kGroup);  // 4 or a pair
+  const uint8_t* meta = p + (T == kQ8_0 ? n * kUnit : 2 * kUnit);
+  const int64_t slot = n == kGroup ? kSlot[j] : j;
   for (int64_t i = 0; i < kUnit; ++i)
-    w->u[i] = T == kQ8_0 ? p[j * kUnit + i] : (p[(j / 2) * kUnit + i] >> (4 * (j % 2))) & 0xF;
+    w->u[i] = T == kQ8_0 ? p[slot * kUnit + i] : (p[(j / 2) * kUnit + i] >> (4 * (j % 2))) & 0xF;
   const float d = half_at(meta + 2 * j);
   w->scale[0] = w->scale[1] = d;
-  w->offset[0] = w->offset[1] = T == kQ4_1 ? half_at(meta + 2 * (kGroup + j)) : T == kQ4_0 ? -8.f * d : 0.f;
+  w->offset[0] = w->offset[1] = T == kQ4_1 ? half_at(meta + 2 * (n + j)) : T == kQ4_0 ? -8.f * d : 0.f;
 }
 
 }  // namespace draftwise_gguf

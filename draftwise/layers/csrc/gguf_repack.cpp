@@ -11,34 +11,38 @@ namespace {
 
 using namespace draftwise_gguf;
 
+// n blocks of one unit each (kGroup, or a last pair) -> their repacked form (gguf_blocks.h).
 template <int64_t T>
-void repack_group(const uint8_t* src, uint8_t* dst) {  // kGroup blocks of one unit each -> one group
+void repack_group(const uint8_t* src, int64_t n, uint8_t* dst) {
   constexpr int64_t bytes = Layout<T>::bytes;
   WeightUnit units[kGroup];
-  for (int64_t j = 0; j < kGroup; ++j) unpack<T>(src, j, &units[j]);
+  for (int64_t j = 0; j < n; ++j) unpack<T>(src, j, &units[j]);
   if (T == kQ8_0) {
-    for (int64_t j = 0; j < kGroup; ++j) std::memcpy(dst + j * kUnit, src + j * bytes + 2, kUnit);
+    for (int64_t j = 0; j < n; ++j) std::memcpy(dst + (n == kGroup ? kSlot[j] : j) * kUnit, src + j * bytes + 2, kUnit);
   } else {
-    for (int64_t pair = 0; pair < 2; ++pair)
+    for (int64_t pair = 0; pair < n / 2; ++pair)
       for (int64_t i = 0; i < kUnit; ++i)
         dst[pair * kUnit + i] = static_cast<uint8_t>(units[2 * pair].u[i] | (units[2 * pair + 1].u[i] << 4));
   }
-  uint8_t* meta = dst + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
-  for (int64_t j = 0; j < kGroup; ++j) {
-    std::memcpy(meta + 2 * j, src + j * bytes, 2);                                     // d
-    if (T == kQ4_1) std::memcpy(meta + 2 * (kGroup + j), src + j * bytes + 2, 2);      // m
+  uint8_t* meta = dst + (T == kQ8_0 ? n * kUnit : n / 2 * kUnit);
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(meta + 2 * j, src + j * bytes, 2);                          // d
+    if (T == kQ4_1) std::memcpy(meta + 2 * (n + j), src + j * bytes + 2, 2);  // m
   }
 }
 
 template <int64_t T>
 void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
-  const int64_t num_groups = row_bytes / Layout<T>::bytes / kGroup, group_bytes = kGroup * Layout<T>::bytes;
+  const int64_t num_units = row_bytes / Layout<T>::bytes, group_bytes = kGroup * Layout<T>::bytes;
+  const int64_t num_groups = num_units / kGroup, tail = repacked_units(num_units) - num_groups * kGroup;
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* src = w + r * row_bytes;
       uint8_t* dst = out + r * row_bytes;
-      std::memcpy(dst, src, row_bytes);  // the partial last group keeps the file's layout
-      for (int64_t g = 0; g < num_groups; ++g) repack_group<T>(src + g * group_bytes, dst + g * group_bytes);
+      std::memcpy(dst, src, row_bytes);  // a partial last group of 1 or 3 units keeps the file's layout
+      for (int64_t g = 0; g < num_groups; ++g)
+        repack_group<T>(src + g * group_bytes, kGroup, dst + g * group_bytes);
+      if (tail > 0) repack_group<T>(src + num_groups * group_bytes, tail, dst + num_groups * group_bytes);
     }
   });
 }
