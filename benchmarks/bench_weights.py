@@ -1,7 +1,8 @@
 """Weights as stored vs de-quantized: one GGUF model's step and decode speed, side by side.
 
 Configurations, one engine at a time in this process (SmolLM2-135M-Instruct Q4_1 unless --model):
-``stored`` (dtype auto: the file's blocks, ``GGUFLinear``), ``stored-fp32`` (the blocks, fp32
+``stored`` (dtype auto: the file's blocks, ``GGUFLinear``, the layers as one C++ stack),
+``stored-python`` (the same with the layers in Python, op by op), ``stored-fp32`` (the blocks, fp32
 activations and KV cache), ``fp32`` and ``bf16`` (de-quantized at load; bf16 only where oneDNN
 runs it). For each, rounds alternating between engines:
   * target step time (forward + logits) at 1, 2, 4, 8, 16 rows after --context tokens, and each
@@ -35,7 +36,8 @@ from draftwise.layers.kernel_choice import cpu_signature
 from draftwise.layers.linear import PackedLinear, can_pack
 
 ROWS = (1, 2, 4, 8, 16)
-CONFIGS = {"stored": {"dtype": "auto"}, "stored-fp32": {"dtype": "float32", "additional_config": {"gguf_weights": "quantized"}},
+PYTHON_LAYERS = {"stored-python"}  # the same blocks with the C++ decoder stack off: the layers run in Python
+CONFIGS = {"stored": {"dtype": "auto"}, "stored-python": {"dtype": "auto"}, "stored-fp32": {"dtype": "float32", "additional_config": {"gguf_weights": "quantized"}},
            "fp32": {"dtype": "float32"}, "bf16": {"dtype": "bfloat16"}}
 
 
@@ -100,6 +102,8 @@ def main() -> None:
         for name in names:
             llm = LLM(model=args.model, **CONFIGS[name])
             engine, model = llm.llm_engine, llm.llm_engine.runner.model
+            if name in PYTHON_LAYERS:
+                model.stack = None
             llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up
             res = results[name]
             res["bytes"], res["dtype"] = streamed_bytes(model), str(engine.dtype)

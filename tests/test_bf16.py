@@ -43,7 +43,14 @@ def test_bf16_logprobs_close_to_fp32(tiny_model_dir):
 @pytest.mark.slow
 def test_smollm2_bf16_answers_like_fp32():
     # Regression: bf16 norm statistics once turned this answer into "L'Étoile, la Marseillaise".
+    # The answer is on a knife's edge: bf16 attention over the prompt (SDPA in bf16, or the paged
+    # kernel on bf16 K/V) flips it too, and which of those the start-up measurement picks for a
+    # prompt-sized query varies from run to run; the prompt attends in fp32 here, so the test
+    # checks the norms it was written for, every run.
     llm = LLM(dtype="bfloat16")
+    model = llm.llm_engine.runner.model
+    plan = dict(model.kernel_plans.get("attention") or {1: "native"})
+    model.set_attention_plan({**plan, 64: "fp32"})
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)[0]
     assert out.outputs[0].text.startswith("The capital of France is Paris")

@@ -1,5 +1,5 @@
 """Speculation on quantized weights changes no output: with the linears and the head on quantized
-blocks (``quantization="q4_0"``, the kernels GGUF files run on), greedy outputs of every method
+blocks (``quantization="q4_0"``, the kernels GGUF files run on; the layers as the C++ stack), greedy outputs of every method
 equal plain decoding on the same weights, token for token, alone and batched, in fp32 and at the
 default dtype; a bad ``quantization`` is refused naming the field."""
 from __future__ import annotations
@@ -27,6 +27,7 @@ def quantized_plain(request, tiny_model_dir):
     llm = LLM(model=str(tiny_model_dir), dtype=request.param, quantization="q4_0", seed=0)
     model = llm.llm_engine.runner.model
     assert model.num_gguf_linears == 4 * len(model.layers) + 1 and isinstance(model.lm_head, GGUFLinear)
+    assert model.stack is not None  # the layers run as one C++ stack
     alone = [_tokens(llm.generate(p, sp, use_tqdm=False))[0] for p, sp in zip(PROMPTS_ALL, PARAMS)]
     assert _tokens(llm.generate(PROMPTS_ALL, PARAMS, use_tqdm=False)) == alone  # batching changes nothing
     return request.param, alone

@@ -30,7 +30,7 @@ from torch.utils import cpp_extension
 from .cpu_info import cpu_signature
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp"))
+SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp", "decoder_stack.cpp"))
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 logger = logging.getLogger("draftwise")
 

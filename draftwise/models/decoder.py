@@ -39,6 +39,7 @@ from ..layers.attention import AttentionMetadata, paged_attention, split_by_kern
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
+from .decoder_stack import run_stack
 from .shard_layout import ShardLayout
 
 
@@ -77,7 +78,7 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=mlp_bias)
         self.down_proj = nn.Linear(inter, hidden, bias=mlp_bias)
         act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", spec.default_act)
-        self.act = activation(act)
+        self.act, self.act_name = activation(act), act
         off = spec.norm_offset
         self.input_norm = RMSNorm(hidden, eps, off)
         self.pre_mlp_norm = RMSNorm(hidden, eps, off)
@@ -155,13 +156,15 @@ class DecoderLM(nn.Module):
                                                         bias=False)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         head_dim = self.layers[0].head_dim
-        self.rope = {t: rope_tables(config, head_dim, t, max_positions) for t in set(self.layer_types)}
+        self.rope_types = sorted(set(self.layer_types))
+        self.rope = {t: rope_tables(config, head_dim, t, max_positions) for t in self.rope_types}
         self.requires_grad_(False)
         # Weights one decode step reads: everything but the embedding table, plus the output head.
         embed = self.embed_tokens.weight.numel()
         self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
             + (embed if self.tied else 0)
         self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
+        self.stack = None  # set where the layers run as one C++ DecoderStack (models/decoder_stack.py)
         self.kernel_plans: dict[str, dict[int, str]] = {}  # kernel per row bucket, by group (CPU)
         self.set_attention_plan({1: "native"})
 
@@ -198,6 +201,10 @@ class DecoderLM(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x.float()
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
+        if self.stack is not None and not torch.compiler.is_compiling():
+            x, aux = run_stack(self, x, rope, aux_layer_ids)
+            aux[len(self.layers)] = x
+            return self.norm(x), [aux[i] for i in aux_layer_ids]
         aux = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layer_ids:

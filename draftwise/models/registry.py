@@ -16,6 +16,7 @@ from ..layers.common import RMSNorm
 from ..layers.kernel_choice import AttentionGroup, LinearGroup, choose_kernels
 from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
+from .decoder_stack import build_stack
 from .gguf_blocks import apply_gguf_blocks
 from .gguf_int4 import apply_gguf_int4
 from .loader import cache_root, gguf_source
@@ -79,6 +80,8 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     elif (gguf_weights == "quantized" and not gguf_int4 and source is not None and device.type == "cpu"
             and layout.world_size == 1 and gguf_linear.available()):
         model.num_gguf_linears = apply_gguf_blocks(model, source, path)
+    if model.num_gguf_linears:
+        model.stack = build_stack(model)
     if can_pack(device, dtype):
         model.kernel_plans = choose_kernels(kernel_groups(model, dtype), cache_root() / "kernels")
     return model

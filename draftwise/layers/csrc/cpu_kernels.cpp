@@ -13,6 +13,8 @@
 // queries times the kv head's query heads); it leaves each row's max score, exp-sum and unnormalised
 // output, and a second pass merges the chunks of each row. Head dims 64 and 128 are compiled with
 // the dim fixed, so a row's accumulator stays in registers.
+#include "paged_attention.h"
+
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -222,6 +224,10 @@ void run_for_dim(const Problem& p, const T* q, const T* kv, T* out, int64_t num_
   run<T, 0>(p, q, kv, out, num_seqs);
 }
 
+}  // namespace
+
+namespace draftwise_cpu_kernels {
+
 at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
                                const at::Tensor& query_start, const at::Tensor& context_lens, int64_t block_size,
                                double scale, int64_t sliding_window) {
@@ -242,6 +248,12 @@ at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, 
   }
   return out;
 }
+
+}  // namespace draftwise_cpu_kernels
+
+namespace {
+
+using draftwise_cpu_kernels::paged_attention_cpu;
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last dim of fp32 rows: one call instead of torch's
 // five ops (pow, mean, add, rsqrt, mul), which dominate the norm's time at a few rows.

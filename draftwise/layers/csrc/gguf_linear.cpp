@@ -32,11 +32,13 @@ namespace {
 
 using namespace draftwise_gguf;
 
-// Where outputs go: [num_rows, out_features] fp32 or bf16, plus an optional fp32 bias per feature.
+// Where outputs go: rows of `ld` values (the first out_features of each written), fp32 or bf16, plus
+// an optional fp32 bias per feature.
 struct Output {
   void* data;
   bool bf16;
   const float* bias;
+  int64_t ld;
 
   void store(int64_t index, int64_t feature, float value) const {
     value += bias ? bias[feature] : 0.f;
@@ -76,7 +78,7 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
 #else
         dot_tile<T, kPacked>(w, num_units, a, num_groups, rows, tile);
 #endif
-        for (int64_t m = 0; m < rows; ++m) y.store((m0 + m) * out_features + n, n, tile[m]);
+        for (int64_t m = 0; m < rows; ++m) y.store((m0 + m) * y.ld + n, n, tile[m]);
       }
   });
 }
@@ -130,7 +132,7 @@ at::Tensor gguf_linear(const at::Tensor& x,       // [num_rows, in_features] flo
   check_weight(qtype, packed, in_features, w.size(1));
   at::Tensor out = at::empty({num_rows, out_features}, input.options());
   const at::Tensor bias_fp32 = bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  const Output y{out.data_ptr(), bf16, bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr};
+  const Output y{out.data_ptr(), bf16, bias_fp32.defined() ? bias_fp32.data_ptr<float>() : nullptr, out_features};
   if (bf16) {
     linear_into(input.data_ptr<c10::BFloat16>(), num_rows, in_features, w.data_ptr<uint8_t>(), out_features, qtype,
                 packed, y);
@@ -153,8 +155,8 @@ void check_weight(int64_t qtype, bool packed, int64_t in_features, int64_t row_b
 }
 
 void linear_f32(const float* x, int64_t num_rows, int64_t in_features, const uint8_t* weight, int64_t out_features,
-                int64_t qtype, bool packed, const float* bias, float* y) {
-  linear_into(x, num_rows, in_features, weight, out_features, qtype, packed, Output{y, false, bias});
+                int64_t qtype, bool packed, const float* bias, float* y, int64_t ldy) {
+  linear_into(x, num_rows, in_features, weight, out_features, qtype, packed, Output{y, false, bias, ldy});
 }
 
 }  // namespace draftwise_gguf

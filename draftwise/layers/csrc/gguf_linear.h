@@ -10,9 +10,9 @@ namespace draftwise_gguf {
 // the given layout (`packed`: repacked at load, gguf_blocks.h).
 void check_weight(int64_t qtype, bool packed, int64_t in_features, int64_t row_bytes);
 
-// y[num_rows, out_features] = x[num_rows, in_features] W^T (+ bias[out_features] where not null),
-// W the [out_features, row_bytes] blocks at `weight`.
+// y[m * ldy + n] = (x[num_rows, in_features] W^T)[m, n] (+ bias[n] where not null) for n <
+// out_features, W the [out_features, row_bytes] blocks at `weight`.
 void linear_f32(const float* x, int64_t num_rows, int64_t in_features, const uint8_t* weight, int64_t out_features,
-                int64_t qtype, bool packed, const float* bias, float* y);
+                int64_t qtype, bool packed, const float* bias, float* y, int64_t ldy);
 
 }  // namespace draftwise_gguf
