@@ -1,12 +1,23 @@
 """The C++ decoder stack (``models/decoder_stack.py``): every architecture's layers on GGUF blocks
-run from C++ compute what the Python layers compute on the same blocks; a decode or verify step
+run from C++ are as accurate as the Python layers on the same blocks; a decode or verify step
 run whole in C++ equals, bit for bit, the same step run as two C++ halves around the Python
 attention (the path of steps that mix prefill chunks in), K/V cache included."""
 from __future__ import annotations
 
 import pytest
 import torch
-from test_model_parity import ARCHS, BLOCK_SIZE, CPU, MAX_POS, _config, _kv_cache, _run_schedule, _tokens, _window
+from test_model_parity import (
+    ARCHS,
+    BLOCK_SIZE,
+    CPU,
+    MAX_POS,
+    _config,
+    _hf_logits,
+    _kv_cache,
+    _run_schedule,
+    _tokens,
+    _window,
+)
 
 from draftwise.layers import gguf_linear
 from draftwise.layers.attention import build_metadata
@@ -19,8 +30,8 @@ pytestmark = pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU
 
 @pytest.fixture(scope="module", params=ARCHS)
 def quantized(request, tmp_path_factory):
-    """(name, a model of that architecture on Q8_0 blocks with its C++ stack, paged attention
-    for every query length the kernel takes)."""
+    """(name, the random fp32 transformers model, a model of that architecture on its weights as
+    Q8_0 blocks with its C++ stack and paged attention for every query length the kernel takes)."""
     from transformers import AutoModelForCausalLM
 
     name = request.param
@@ -34,35 +45,38 @@ def quantized(request, tmp_path_factory):
     model = build_model(path, load_config(path), torch.float32, CPU, max_positions=MAX_POS, quantization="q8_0")
     assert model.stack is not None and model.stack.num_layers() == len(model.layers)
     model.set_attention_plan({64: "paged"})
-    return name, model
+    return name, hf.eval(), model
 
 
 SCHEDULE = [[(0, 20), (1, 9)], [(1, 1), (0, 21)], [(0, 1), (1, 1)], [(1, 5), (0, 1)], [(0, 1)], [(1, 9), (0, 1)]]
 
 
-def test_stack_computes_what_the_python_layers_compute(quantized):
-    """Same blocks, same 8-bit activations: the logits of prefill, decode, verify and mixed steps
-    agree to rounding (the stack keeps fp32 between linears and orders its sums its own way, so
-    an activation may round to the next 8-bit step: not bit for bit)."""
-    name, model = quantized
+def test_stack_is_as_accurate_as_the_python_layers(quantized):
+    """Same blocks, same 8-bit activations, prefill, decode, verify and mixed steps: against the
+    fp32 transformers model, the stack's logits are as close as the Python layers' (within 25%;
+    not bit for bit: the stack keeps fp32 between the linears and orders its sums its own way,
+    and on this deliberately ill-conditioned random model a one-step change of an 8-bit
+    activation moves the logits by a few percent). A wrong norm, rotary or activation is far
+    off."""
+    name, hf, model = quantized
     seqs, tables = [_tokens(45, seed=2), _tokens(25, seed=3)], [[3, 0, 5], [6, 2]]
-    stacked = _run_schedule(model, seqs, tables, SCHEDULE)
+    ref = torch.cat([_hf_logits(hf, s) for s in seqs])
+    stacked = torch.cat(_run_schedule(model, seqs, tables, SCHEDULE))
     stack, model.stack = model.stack, None
     try:
-        python = _run_schedule(model, seqs, tables, SCHEDULE)
+        python = torch.cat(_run_schedule(model, seqs, tables, SCHEDULE))
     finally:
         model.stack = stack
-    for ours, ref in zip(stacked, python):
-        scale = ref.abs().max().item()
-        assert (ours - ref).abs().max().item() < 0.03 * scale, name
-        assert (ours.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.95, name
+    error = lambda logits: ((logits - ref).norm() / ref.norm()).item()  # noqa: E731
+    assert error(stacked) <= 1.25 * error(python) + 1e-3, name
+    assert (stacked.argmax(-1) == python.argmax(-1)).float().mean().item() >= 0.95, name
 
 
 @torch.no_grad()
 def test_a_whole_step_equals_its_halves(quantized):
     """A verify step of two sequences (4 and 1 query rows) after their prompts: the one-call C++
     path and the layer-by-layer halves give the same hidden states and write the same K/V."""
-    name, model = quantized
+    name, _, model = quantized
     seqs, tables = [_tokens(30, seed=5), _tokens(20, seed=6)], [[3, 0], [6, 2]]
     kv = _kv_cache(model)
     table = torch.tensor(tables)

@@ -38,6 +38,7 @@ from ..layers import native
 from ..layers.attention import AttentionMetadata, paged_attention, split_by_kernel
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
+from ..layers.gguf_linear import GGUFLinear
 from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
 from .decoder_stack import run_stack
 from .shard_layout import ShardLayout
@@ -216,7 +217,9 @@ class DecoderLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor  # [num_rows, hidden]
                        ) -> torch.Tensor | None:  # [num_rows, vocab]; None on a rank other than 0
-        logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()
+        # A head on GGUF blocks quantizes its input to 8 bits anyway: fed fp32, it returns fp32 logits.
+        head_dtype = torch.float32 if isinstance(self.lm_head, GGUFLinear) else self.embed_tokens.weight.dtype
+        logits = self.lm_head(hidden.to(head_dtype)).float()
         if self.tp is not None:  # [num_rows, vocab_rows] of this rank -> every rank's, on rank 0
             logits = self.tp.gather_to_driver(logits)
             if logits is None:

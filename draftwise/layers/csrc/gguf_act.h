@@ -15,11 +15,9 @@ namespace draftwise_gguf {
 
 // kGroup units of one activation row. `q` holds the units in slot order (kSlot). Lane k of `d` /
 // `ds` belongs to half k / kGroup (values 0-15 or 16-31) of unit k % kGroup: d = the unit's scale,
-// ds = d * sum(q) over the half. `lanes` repeats each unit's d over the 8 int32 lanes its codes
-// take in a 512-bit dot: lanes[0] for units 0 and 2, lanes[1] for units 1 and 3.
+// ds = d * sum(q) over the half.
 struct alignas(64) ActGroup {
   int8_t q[kGroup][kUnit];
-  float lanes[2][16];
   float d[2 * kGroup];
   float ds[2 * kGroup];
 };
@@ -45,8 +43,6 @@ void quantize_rows(const In* x, int64_t num_rows, int64_t in_features, int64_t n
         sum[i / 16] += q[i];
       }
       for (int h = 0; h < 2; ++h) g.d[h * kGroup + j] = d, g.ds[h * kGroup + j] = d * static_cast<float>(sum[h]);
-      float* lanes = g.lanes[kSlot[j] / 2] + (kSlot[j] % 2) * 8;
-      std::fill(lanes, lanes + 8, d);
     }
 }
 

@@ -3,14 +3,16 @@
 // with a scale and an offset per half of 16, so that w_i = scale * u_i + offset. `unpack` is the
 // scalar reference; the kernels' SIMD loads follow it.
 //
-// Repacked layout (Q4_0, Q4_1, Q8_0; gguf_linear.py's REPACKED): each row's whole groups of kGroup units are
+// Repacked layout (Q4_0, Q4_1, Q5_0, Q8_0; gguf_linear.py's REPACKED): each row's whole groups of kGroup units are
 // rewritten once at load so that one load feeds two units and the group's scales sit together:
 // Q4_0 / Q4_1: 32 bytes holding units 0 and 1 (byte i: unit 0's code i in the low nibble, unit 1's
 // in the high one), 32 bytes for units 2 and 3, then the 4 fp16 d (and the 4 fp16 m); Q8_0: the 4
 // units' 128 code bytes in slot order (kSlot), then the 4 fp16 d. A group takes exactly the bytes
 // of its 4 blocks. A row's last, partial group of 2 units is repacked as a pair: Q4_0 / Q4_1: 32
 // bytes of nibble pairs, then the 2 fp16 d (and the 2 fp16 m); Q8_0: the 2 units' 64 code bytes,
-// then the 2 fp16 d. A partial group of 1 or 3 units keeps the file's block layout.
+// then the 2 fp16 d. Q5_0: the low 4 bits of its codes as Q4_0's nibble pairs (64 bytes), the 4
+// units' 32-bit masks of high bits in slot order (16 bytes), then the 4 fp16 d; its partial
+// groups keep the file's layout. A partial group of 1 or 3 units keeps the file's block layout.
 //
 // Slot order: a 64-byte load of a repacked Q4 group's nibble pairs splits into units (0, 2) and
 // (1, 3); Q8_0's codes and the quantized activations (gguf_act.h) are stored in that same order,
@@ -126,22 +128,29 @@ void unpack(const uint8_t* row, int64_t u, WeightUnit* w) {
 }
 
 // Units in the repacked layout of a row of num_units: those of whole groups and of a last pair.
+template <int64_t T>
 inline int64_t repacked_units(int64_t num_units) {
-  return num_units % kGroup == 2 ? num_units : num_units / kGroup * kGroup;
+  return num_units % kGroup == 2 && T != kQ5_0 ? num_units : num_units / kGroup * kGroup;
 }
 
-// unpack<T> for a unit u < repacked_units(num_units) of a repacked row.
+// unpack<T> for a unit u < repacked_units<T>(num_units) of a repacked row.
 template <int64_t T>
 void unpack_repacked(const uint8_t* row, int64_t num_units, int64_t u, WeightUnit* w) {
   const uint8_t* p = row + (u / kGroup) * kGroup * Layout<T>::bytes;
   const int64_t j = u % kGroup, n = std::min<int64_t>(kGroup, num_units - u / kGroup * kGroup);  // 4 or a pair
-  const uint8_t* meta = p + (T == kQ8_0 ? n * kUnit : 2 * kUnit);
+  const uint8_t* meta = p + (T == kQ8_0 ? n * kUnit : T == kQ5_0 ? 2 * kUnit + 4 * kGroup : n / 2 * kUnit);
   const int64_t slot = n == kGroup ? kSlot[j] : j;
+  uint32_t high = 0;
+  if (T == kQ5_0) std::memcpy(&high, p + 2 * kUnit + 4 * kSlot[j], 4);
   for (int64_t i = 0; i < kUnit; ++i)
-    w->u[i] = T == kQ8_0 ? p[slot * kUnit + i] : (p[(j / 2) * kUnit + i] >> (4 * (j % 2))) & 0xF;
+    w->u[i] = T == kQ8_0 ? p[slot * kUnit + i]
+                         : ((p[(j / 2) * kUnit + i] >> (4 * (j % 2))) & 0xF) | (((high >> i) & 1) << 4);
   const float d = half_at(meta + 2 * j);
   w->scale[0] = w->scale[1] = d;
-  w->offset[0] = w->offset[1] = T == kQ4_1 ? half_at(meta + 2 * (n + j)) : T == kQ4_0 ? -8.f * d : 0.f;
+  w->offset[0] = w->offset[1] = T == kQ4_1   ? half_at(meta + 2 * (n + j))
+                                 : T == kQ4_0 ? -8.f * d
+                                 : T == kQ5_0 ? -16.f * d
+                                              : 0.f;
 }
 
 }  // namespace draftwise_gguf

@@ -140,7 +140,7 @@ inline void partial_group_scales(const uint8_t* row, int64_t g, int64_t num_unit
 // A whole group's codes and scales in the repacked layout (gguf_blocks.h).
 template <int64_t T>
 inline void packed_group(const uint8_t* p, __m256i* w, __m256* scale, __m256* offset) {
-  const uint8_t* meta = p + (T == kQ8_0 ? kGroup * kUnit : 2 * kUnit);
+  const uint8_t* meta = p + (T == kQ8_0 ? kGroup * kUnit : T == kQ5_0 ? 2 * kUnit + 4 * kGroup : 2 * kUnit);
   if (T == kQ8_0) {
     for (int64_t j = 0; j < kGroup; ++j) w[j] = load32(p + kSlot[j] * kUnit);
   } else {
@@ -151,6 +151,9 @@ inline void packed_group(const uint8_t* p, __m256i* w, __m256* scale, __m256* of
       w[2 * pair + 1] = _mm256_and_si256(_mm256_srli_epi16(both, 4), mask4);
     }
   }
+  if (T == kQ5_0)
+    for (int64_t j = 0; j < kGroup; ++j)
+      w[j] = _mm256_or_si256(w[j], _mm256_and_si256(bits_to_bytes(p + 2 * kUnit + 4 * kSlot[j]), _mm256_set1_epi8(16)));
   if (T == kQ4_1) {  // [d0..d3 m0..m3]
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta)));
     *scale = _mm256_permute2f128_ps(dm, dm, 0x00);
@@ -159,7 +162,7 @@ inline void packed_group(const uint8_t* p, __m256i* w, __m256* scale, __m256* of
   }
   const __m128 d4 = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(meta)));
   *scale = _mm256_set_m128(d4, d4);
-  *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(T == kQ4_0 ? -8.f : 0.f));
+  *offset = _mm256_mul_ps(*scale, _mm256_set1_ps(T == kQ4_0 ? -8.f : T == kQ5_0 ? -16.f : 0.f));
 }
 
 // A row's last pair of units in the repacked layout, as a group whose units 2 and 3 are zero.
@@ -196,7 +199,7 @@ inline void group_tile(const uint8_t* row, int64_t g, int64_t num_units, const A
   const bool whole = (g + 1) * kGroup <= num_units;
   if (kPacked && whole) {
     packed_group<T>(row + g * kGroup * Layout<T>::bytes, w, &scales, &offsets);
-  } else if (kPacked && repacked_units(num_units) == num_units) {  // a last pair
+  } else if (kPacked && repacked_units<T>(num_units) == num_units) {  // a last pair
     packed_pair<T>(row + g * kGroup * Layout<T>::bytes, w, &scales, &offsets);
   } else {
     for (int64_t j = 0; j < kGroup; ++j) {
@@ -244,7 +247,7 @@ void dot_tile(const uint8_t* row, int64_t num_units, const ActGroup* act, int64_
   for (int64_t m = 0; m < rows; ++m) out[m] = 0.f;
   WeightUnit w;
   for (int64_t u = 0; u < num_units; ++u) {
-    if (kPacked && u < repacked_units(num_units)) {
+    if (kPacked && u < repacked_units<T>(num_units)) {
       unpack_repacked<T>(row, num_units, u, &w);
     } else {
       unpack<T>(row, u, &w);

@@ -2,7 +2,7 @@
 //
 // W is [out_features, row_bytes] uint8: each row holds the blocks of one output feature exactly as
 // ggml-common.h lays them out (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K:
-// super-blocks of 256), or, for Q4_0, Q4_1 and Q8_0, repacked once at load (gguf_blocks.h). The
+// super-blocks of 256), or, for Q4_0, Q4_1, Q5_0 and Q8_0, repacked once at load (gguf_blocks.h). The
 // kernel walks a row in units of 32 weights; a unit is its block's codes u (unsigned; Q8_0's are
 // signed bytes) with a scale and an offset per half of 16, so that w_i = scale * u_i + offset (Q4_0's
 // -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each activation row is quantized once per
@@ -56,7 +56,7 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
 #if defined(DRAFTWISE_GGUF_ZMM)
-  constexpr bool kZmm = kPacked;
+  constexpr bool kZmm = kPacked || (kZmmType<T> && T == kQ4_K);
   constexpr int64_t kRows = kZmm ? kZmmTile : kTile;
 #else
   constexpr bool kZmm = false;
@@ -64,6 +64,14 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
 #endif
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
     float tile[kRows];
+#if defined(DRAFTWISE_GGUF_ZMM)
+    if (kZmm && num_rows == 1) {  // four outputs at a time
+      for (; begin + 4 <= end; begin += 4) {
+        dot_rows4_zmm<T>(weight + begin * row_bytes, row_bytes, num_units, act, num_groups, tile);
+        for (int64_t k = 0; k < 4; ++k) y.store(begin + k, begin + k, tile[k]);
+      }
+    }
+#endif
     for (int64_t n = begin; n < end; ++n)
       for (int64_t m0 = 0; m0 < num_rows; m0 += kRows) {
         const int64_t rows = std::min(kRows, num_rows - m0);
@@ -92,11 +100,12 @@ int64_t row_bytes_of(int64_t in_features) {
 // f.template operator()<T, kPacked>() for the type id and layout.
 template <typename F>
 void dispatch(int64_t qtype, bool packed, F&& f) {
-  TORCH_CHECK(!packed || qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0,
+  TORCH_CHECK(!packed || qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ5_0 || qtype == kQ8_0,
               "gguf_linear: GGUF type id ", qtype, " has no repacked layout");
   switch (packed ? -qtype : qtype) {
     case -kQ4_0: return f.template operator()<kQ4_0, true>();
     case -kQ4_1: return f.template operator()<kQ4_1, true>();
+    case -kQ5_0: return f.template operator()<kQ5_0, true>();
     case -kQ8_0: return f.template operator()<kQ8_0, true>();
     case kQ4_0: return f.template operator()<kQ4_0, false>();
     case kQ4_1: return f.template operator()<kQ4_1, false>();

@@ -1,5 +1,5 @@
 // draftwise_cpu::gguf_repack: a GGUF weight's rows in the repacked layout gguf_blocks.h describes
-// (Q4_0, Q4_1, Q8_0), done once at load; gguf_linear reads them with `packed=True`. Same shape and
+// (Q4_0, Q4_1, Q5_0, Q8_0), done once at load; gguf_linear reads them with `packed=True`. Same shape and
 // bytes per row; the values the kernel computes from either layout are identical.
 #include "gguf_blocks.h"
 
@@ -22,9 +22,12 @@ void repack_group(const uint8_t* src, int64_t n, uint8_t* dst) {
   } else {
     for (int64_t pair = 0; pair < n / 2; ++pair)
       for (int64_t i = 0; i < kUnit; ++i)
-        dst[pair * kUnit + i] = static_cast<uint8_t>(units[2 * pair].u[i] | (units[2 * pair + 1].u[i] << 4));
+        dst[pair * kUnit + i] =
+            static_cast<uint8_t>((units[2 * pair].u[i] & 0xF) | ((units[2 * pair + 1].u[i] & 0xF) << 4));
   }
-  uint8_t* meta = dst + (T == kQ8_0 ? n * kUnit : n / 2 * kUnit);
+  if (T == kQ5_0)  // whole groups only: the high bits' masks in slot order
+    for (int64_t j = 0; j < n; ++j) std::memcpy(dst + 2 * kUnit + 4 * kSlot[j], src + j * bytes + 2, 4);
+  uint8_t* meta = dst + (T == kQ8_0 ? n * kUnit : T == kQ5_0 ? 2 * kUnit + 4 * kGroup : n / 2 * kUnit);
   for (int64_t j = 0; j < n; ++j) {
     std::memcpy(meta + 2 * j, src + j * bytes, 2);                          // d
     if (T == kQ4_1) std::memcpy(meta + 2 * (n + j), src + j * bytes + 2, 2);  // m
@@ -34,7 +37,7 @@ void repack_group(const uint8_t* src, int64_t n, uint8_t* dst) {
 template <int64_t T>
 void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
   const int64_t num_units = row_bytes / Layout<T>::bytes, group_bytes = kGroup * Layout<T>::bytes;
-  const int64_t num_groups = num_units / kGroup, tail = repacked_units(num_units) - num_groups * kGroup;
+  const int64_t num_groups = num_units / kGroup, tail = repacked_units<T>(num_units) - num_groups * kGroup;
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const uint8_t* src = w + r * row_bytes;
@@ -55,6 +58,7 @@ at::Tensor gguf_repack(const at::Tensor& weight, int64_t qtype) {  // [out_featu
   switch (qtype) {
     case kQ4_0: repack<kQ4_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     case kQ4_1: repack<kQ4_1>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ5_0: repack<kQ5_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     case kQ8_0: repack<kQ8_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     default: TORCH_CHECK(false, "gguf_repack: GGUF type id ", qtype, " has no repacked layout");
   }
