@@ -10,7 +10,9 @@ this CPU (``-march=native``: the kernel is built on the machine it runs on) agai
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
 the source, torch version and CPU, and registers ``torch.ops.draftwise_cpu.*``. It
 returns False, and logs why, where no compiler or no build works: callers then keep
-the pure-torch path. ``DRAFTWISE_NATIVE=0`` turns the kernels off.
+the pure-torch path. ``DRAFTWISE_NATIVE=0`` turns the kernels off;
+``DRAFTWISE_NATIVE_MARCH=x86-64-v3`` (any ``-march`` value) builds for a lesser ISA than this
+CPU's (tests run the AVX2 and scalar paths that way on an AVX512 machine).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .cpu_info import cpu_signature
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp", "decoder_stack.cpp"))
 NATIVE_ENV = "DRAFTWISE_NATIVE"
+MARCH_ENV = "DRAFTWISE_NATIVE_MARCH"
 logger = logging.getLogger("draftwise")
 
 
@@ -65,8 +68,12 @@ def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, packed: 
 def build_key() -> str:
     """What the built library depends on: its source, the torch version and the CPU."""
     sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))  # headers change the build too
-    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature()], sort_keys=True)
+    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature(), _march()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _march() -> str:
+    return os.environ.get(MARCH_ENV, "native")
 
 
 def _cache_dir() -> Path:
@@ -78,7 +85,7 @@ def _cache_dir() -> Path:
 def _build(compiler: str, library: Path) -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     command = [compiler, *map(str, SOURCES), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++20", "-O3",
-               "-march=native", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+               f"-march={_march()}", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
     command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]

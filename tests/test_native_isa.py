@@ -1,0 +1,33 @@
+"""The C++ kernels built for lesser ISA levels than this CPU's: AVX2 without VNNI
+(``-march=x86-64-v3``, what a Zen 3 runs) and no AVX (``x86-64-v2``, the scalar code) compute the
+GGUF linears exactly as the files' weights times the rounded activations, batch invariant:
+``test_gguf_linear.py`` runs in a subprocess whose library is built with
+``DRAFTWISE_NATIVE_MARCH``."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftwise.layers import native
+from draftwise.layers.cpu_info import cpu_signature
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])
+def test_kernels_built_for_a_lesser_isa(march):
+    if not native.load():
+        pytest.skip("the C++ CPU kernels did not build")
+    if march == "x86-64-v3" and "avx2" not in cpu_signature()["flags"]:
+        pytest.skip("this CPU has no AVX2")
+    env = {**os.environ, native.MARCH_ENV: march}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "test_gguf_linear.py"),
+               "-k", "not bundled"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=TESTS.parent, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
