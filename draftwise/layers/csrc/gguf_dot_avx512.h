@@ -18,6 +18,7 @@
 namespace draftwise_gguf {
 
 constexpr int64_t kZmmTile = 8;  // activation rows per pass over a weight row
+constexpr int64_t kAhead = 16;   // one-row kernel: weight rows prefetched this far ahead
 
 // Types this path reads: the repacked ones, and Q4_K, whose super-blocks already hold each pair
 // of units as nibble pairs (units 2j, 2j+1 in the low and high nibbles of 32 bytes).
@@ -169,7 +170,10 @@ void dot_rows4_zmm(const uint8_t* row, int64_t row_bytes, int64_t num_units, con
       __m512i lo, hi;
       __m128 scale;
       __m256 offset;
-      zmm_group<T>(group_at<T>(row + k * row_bytes, g), g, &lo, &hi, &scale, &offset);
+      const uint8_t* p = group_at<T>(row + k * row_bytes, g);
+      _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * row_bytes), _MM_HINT_T0);  // never faults
+      _mm_prefetch(reinterpret_cast<const char*>(p + kAhead * row_bytes + 64), _MM_HINT_T0);
+      zmm_group<T>(p, g, &lo, &hi, &scale, &offset);
       const __m512 both = _mm512_castps128_ps512(_mm_mul_ps(scale, da));
       acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, x_lo)),
                                _mm512_permutexvar_ps(to_lo, both), acc[k]);
