@@ -3,7 +3,8 @@
 // with a scale and an offset per half of 16, so that w_i = scale * u_i + offset. `unpack` is the
 // scalar reference; the kernels' SIMD loads follow it.
 //
-// Repacked layout (Q4_0, Q4_1, Q5_0, Q8_0; gguf_linear.py's REPACKED): each row's whole groups of kGroup units are
+// Repacked layout (Q4_0, Q4_1, Q5_0, Q8_0; gguf_linear.py's REPACKED; where gguf_interleave.h applies,
+// its layout instead): each row's whole groups of kGroup units are
 // rewritten once at load so that one load feeds two units and the group's scales sit together:
 // Q4_0 / Q4_1: 32 bytes holding units 0 and 1 (byte i: unit 0's code i in the low nibble, unit 1's
 // in the high one), 32 bytes for units 2 and 3, then the 4 fp16 d (and the 4 fp16 m); Q8_0: the 4
@@ -64,6 +65,21 @@ template <> struct Layout<kQ8_0> { static constexpr int64_t bytes = 34, units = 
 template <> struct Layout<kQ4_K> { static constexpr int64_t bytes = 144, units = 8; };
 template <> struct Layout<kQ5_K> { static constexpr int64_t bytes = 176, units = 8; };
 template <> struct Layout<kQ6_K> { static constexpr int64_t bytes = 210, units = 8; };
+
+#if defined(__AVX2__)
+// `v` as computed, hidden from the optimizer: -ffast-math may otherwise reassociate a product
+// chain (sc * d) * d_a differently where it is inlined into different kernels, and every kernel
+// must give an output the same bits (batch invariance).
+template <typename V>
+inline V opaque(V v) {
+#if defined(__AVX512F__)
+  asm("" : "+v"(v));
+#else
+  asm("" : "+x"(v));
+#endif
+  return v;
+}
+#endif
 
 // Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 packed bytes.
 inline void scale_min_k4(int64_t j, const uint8_t* q, float* sc, float* m) {

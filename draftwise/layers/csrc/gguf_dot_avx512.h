@@ -25,15 +25,6 @@ constexpr int64_t kAhead = 16;   // one-row kernel: weight rows prefetched this 
 template <int64_t T>
 constexpr bool kZmmType = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K;
 
-// `v` as computed, hidden from the optimizer: -ffast-math may otherwise reassociate a product
-// chain (sc * d) * d_a differently where it is inlined into different kernels, and every kernel
-// must give an output the same bits (batch invariance).
-template <typename V>
-inline V opaque(V v) {
-  asm("" : "+v"(v));
-  return v;
-}
-
 // Q4_K: the 4 scales and (negated) mins of units s0..s0+3 (s0 = 0 or 4) of super-block b.
 inline void k4_scales(const uint8_t* b, int64_t s0, __m128* scale, __m128* offset) {
   constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;

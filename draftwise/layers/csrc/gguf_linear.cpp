@@ -7,9 +7,10 @@
 // signed bytes) with a scale and an offset per half of 16, so that w_i = scale * u_i + offset (Q4_0's
 // -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each activation row is quantized once per
 // call to 8 bits per 32 values (gguf_act.h), and an output sums, per half unit, d * scale * (integer
-// dot of u and q) + offset * d * sum(q). Repacked rows run on AVX512-VNNI where the CPU has it
-// (gguf_dot_avx512.h), everything else on AVX2 (gguf_dot_avx2.h) or scalar code (the library is
-// built with -march=native on the machine that runs it).
+// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, Q4_0 / Q4_1 / Q8_0 weights
+// whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h), other repacked
+// rows and Q4_K run on gguf_dot_avx512.h; everything else on AVX2 (gguf_dot_avx2.h) or scalar code
+// (the library is built with -march=native on the machine that runs it).
 //
 // Threads split the output features. The unpacked weights of a group are used for a tile of
 // activation rows, each with its own accumulators, so a verify step's few rows cost less than that
@@ -18,6 +19,7 @@
 #include "gguf_linear.h"
 
 #include "gguf_dot_avx512.h"
+#include "gguf_interleave.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -50,9 +52,36 @@ struct Output {
   }
 };
 
+#if defined(DRAFTWISE_GGUF_INTERLEAVED)
+template <int64_t T>
+void run_interleaved(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act,
+                     int64_t num_rows, const Output& y) {
+  const int64_t block_bytes = kBlockCols * num_units * Layout<T>::bytes;
+  const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
+  at::parallel_for(0, out_features / kBlockCols, 1, [&](int64_t begin, int64_t end) {
+    float tile[kBlockRows * kBlockCols];
+    for (int64_t b = begin; b < end; ++b)
+      for (int64_t m0 = 0; m0 < num_rows; m0 += kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, num_rows - m0);
+        dot_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+        for (int64_t m = 0; m < rows; ++m)
+          for (int64_t c = 0; c < kBlockCols; ++c) {
+            const int64_t n = b * kBlockCols + c;
+            y.store((m0 + m) * y.ld + n, n, tile[m * kBlockCols + c]);
+          }
+      }
+  });
+}
+#endif
+
 template <int64_t T, bool kPacked>
 void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act, int64_t num_rows,
          const Output& y) {
+#if defined(DRAFTWISE_GGUF_INTERLEAVED)
+  if constexpr (kPacked) {
+    if (interleaved<T>(out_features)) return run_interleaved<T>(weight, out_features, num_units, act, num_rows, y);
+  }
+#endif
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
 #if defined(DRAFTWISE_GGUF_ZMM)

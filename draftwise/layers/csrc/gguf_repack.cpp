@@ -1,7 +1,9 @@
 // draftwise_cpu::gguf_repack: a GGUF weight's rows in the repacked layout gguf_blocks.h describes
-// (Q4_0, Q4_1, Q5_0, Q8_0), done once at load; gguf_linear reads them with `packed=True`. Same shape and
+// (Q4_0, Q4_1, Q5_0, Q8_0), or interleaved 16 rows at a time where gguf_interleave.h's kernel runs
+// them, done once at load; gguf_linear reads them with `packed=True`. Same shape and
 // bytes per row; the values the kernel computes from either layout are identical.
 #include "gguf_blocks.h"
+#include "gguf_interleave.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -37,6 +39,13 @@ void repack_group(const uint8_t* src, int64_t n, uint8_t* dst) {
 template <int64_t T>
 void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
   const int64_t num_units = row_bytes / Layout<T>::bytes, group_bytes = kGroup * Layout<T>::bytes;
+  if (interleaved<T>(rows)) {  // 16 rows side by side (gguf_interleave.h)
+    at::parallel_for(0, rows / kBlockCols, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b)
+        interleave_block<T>(w + b * kBlockCols * row_bytes, row_bytes, num_units, out + b * kBlockCols * row_bytes);
+    });
+    return;
+  }
   const int64_t num_groups = num_units / kGroup, tail = repacked_units<T>(num_units) - num_groups * kGroup;
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
