@@ -7,7 +7,7 @@
 // signed bytes) with a scale and an offset per half of 16, so that w_i = scale * u_i + offset (Q4_0's
 // -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each activation row is quantized once per
 // call to 8 bits per 32 values (gguf_act.h), and an output sums, per half unit, d * scale * (integer
-// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, Q4_0 / Q4_1 / Q8_0 weights
+// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, Q4_0 / Q4_1 / Q5_0 / Q8_0 weights
 // whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h), other repacked
 // rows and Q4_K run on gguf_dot_avx512.h; everything else on AVX2 (gguf_dot_avx2.h) or scalar code
 // (the library is built with -march=native on the machine that runs it).
