@@ -11,12 +11,12 @@ from test_model_parity import (
     BLOCK_SIZE,
     CPU,
     MAX_POS,
-    _config,
     _hf_logits,
     _kv_cache,
     _run_schedule,
     _tokens,
     _window,
+    random_checkpoint,
 )
 
 from draftwise.layers import gguf_linear
@@ -32,16 +32,9 @@ pytestmark = pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU
 def quantized(request, tmp_path_factory):
     """(name, the random fp32 transformers model, a model of that architecture on its weights as
     Q8_0 blocks with its C++ stack and paged attention for every query length the kernel takes)."""
-    from transformers import AutoModelForCausalLM
-
     name = request.param
-    torch.manual_seed(1234)
-    hf = AutoModelForCausalLM.from_config(_config(name)).float()
-    with torch.no_grad():
-        for n, p in hf.named_parameters():
-            p.uniform_(0.5, 1.5) if "norm" in n else p.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp(f"stack-{name}")
-    hf.save_pretrained(path)
+    hf = random_checkpoint(name, path)
     model = build_model(path, load_config(path), torch.float32, CPU, max_positions=MAX_POS, quantization="q8_0")
     assert model.stack is not None and model.stack.num_layers() == len(model.layers)
     model.set_attention_plan({64: "paged"})

@@ -63,20 +63,28 @@ def _forward(model, ids, positions, kv_caches, meta, aux_layer_ids=()):
     with forward_context(model.attention_metadata(meta), kv_caches):
         return model(ids, positions, aux_layer_ids)
 
+def random_checkpoint(name: str, path):
+    """A transformers model of architecture ``name`` with every parameter random (norms around 1;
+    Gemma: stored w, applied 1 + w), saved to ``path``; returns it."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(1234)
+    model = AutoModelForCausalLM.from_config(_config(name)).float()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.uniform_(0.5, 1.5) if "norm" in n else p.normal_(0.0, 0.2)
+    model.save_pretrained(path)
+    return model
+
+
 @pytest.fixture(scope="module", params=ARCHS)
 def pair(request, tmp_path_factory):
     """(name, hf_model, our_model) sharing the same random fp32 weights."""
     from transformers import AutoModelForCausalLM
 
     name = request.param
-    config = _config(name)
-    torch.manual_seed(1234)
-    model = AutoModelForCausalLM.from_config(config).float()
-    with torch.no_grad():
-        for n, p in model.named_parameters():  # norms around 1 (Gemma: stored w, applied 1 + w)
-            p.uniform_(0.5, 1.5) if "norm" in n else p.normal_(0.0, 0.2)
     path = tmp_path_factory.mktemp(f"parity-{name}")
-    model.save_pretrained(path)
+    random_checkpoint(name, path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
     cfg = load_config(path)
     ours = build_model(path, cfg, torch.float32, CPU, max_positions=MAX_POS)

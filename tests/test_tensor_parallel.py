@@ -18,7 +18,7 @@ from conftest import _build_tokenizer, greedy
 
 from draftwise import LLM, SamplingParams
 from draftwise.errors import EngineDeadError
-from test_model_parity import ARCHS, _config
+from test_model_parity import ARCHS, random_checkpoint
 
 PROMPTS = [[5, 9, 31, 77, 120, 3, 44], [200, 13, 13, 13, 99, 150, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18],
            [42] * 20]
@@ -39,17 +39,10 @@ def _run(model, prompts, params, tp: int = 1, stats: dict | None = None, **kwarg
 @pytest.fixture(scope="module")
 def arch_dirs(tmp_path_factory):
     """A random fp32 checkpoint (with the tiny tokenizer) per architecture of test_model_parity."""
-    from transformers import AutoModelForCausalLM
-
     dirs = {}
     for name in ARCHS:
-        torch.manual_seed(1234)
-        model = AutoModelForCausalLM.from_config(_config(name)).float()
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.uniform_(0.5, 1.5) if "norm" in n else p.normal_(0.0, 0.2)
         path = tmp_path_factory.mktemp(f"tp-{name}")
-        model.save_pretrained(path)
+        random_checkpoint(name, path)
         _build_tokenizer(path)
         dirs[name] = path
     return dirs

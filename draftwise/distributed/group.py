@@ -10,7 +10,7 @@ process and each one's group goes away with it.
 * ``cpu`` group (gloo, the same group on CPU): the driver's step messages,
   pickled (``broadcast_object``).
 * ``shm`` (``shm_collectives.py``), set by the ``mp`` executor on CPU: ranks of one host
-  all-reduce and gather small tensors through shared memory, ~9x faster than loopback gloo.
+  all-reduce and gather small tensors through shared memory instead of loopback gloo.
 
 ``TPGroup.single()`` (one rank) makes every collective a no-op, so the model
 code calls them unconditionally. Collectives block until every rank joins;

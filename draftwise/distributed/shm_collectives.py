@@ -1,7 +1,7 @@
 """``ShmCollectives``: all-reduce and gather through shared memory, for ranks on one CPU host.
 
-A decode step makes dozens of all-reduces of small tensors, where gloo's loopback TCP costs
-about ten times a shared-memory exchange. So ranks of one host (the ``mp`` executor on CPU)
+A decode step makes dozens of all-reduces of small tensors, for which gloo's loopback TCP is
+much slower than a shared-memory exchange. So ranks of one host (the ``mp`` executor on CPU)
 exchange small tensors through a file in ``/dev/shm`` that every rank maps:
 
     [flags: one 64-byte line per rank][buffer 0: one slot per rank][buffer 1: one slot per rank]

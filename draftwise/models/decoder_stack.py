@@ -35,6 +35,10 @@ def _parts(module) -> tuple[list[GGUFLinear], torch.Tensor | None] | None:
     return None
 
 
+def _rope_index(model, i: int) -> int:  # which of the model's rope tables layer i uses
+    return model.rope_types.index(model.layer_types[i])
+
+
 def _norm(module) -> torch.Tensor:  # an RMSNorm's fp32 weight, or an empty tensor for none
     return torch.empty(0) if module is None else module.weight.detach().float()
 
@@ -50,7 +54,6 @@ def build_stack(model):
     projections = [[_parts(getattr(layer, name)) for name in _PROJECTIONS] for layer in layers]
     if act is None or any(p is None for layer in projections for p in layer):
         return None
-    rope_types = model.rope_types
     stack = torch.classes.draftwise_cpu.DecoderStack(model.config.hidden_size, first.num_heads, first.num_kv_heads,
                                                      first.head_dim, float(first.input_norm.eps), act)
     for i, layer in enumerate(layers):
@@ -60,7 +63,7 @@ def build_stack(model):
         biases = [torch.empty(0) if bias is None else bias.detach().float() for _, bias in projections[i]]
         stack.add_layer(norms, [p.blocks for p in parts], [p.qtype_id for p in parts], [int(p.packed) for p in parts],
                         [len(weights) for weights, _ in projections[i]], biases, float(layer.scale), layer.sliding,
-                        rope_types.index(model.layer_types[i]))
+                        _rope_index(model, i))
     return stack
 
 
@@ -92,10 +95,9 @@ def run_stack(model, x: torch.Tensor,  # [num_tokens, hidden] fp32 residual stre
 def _layer_by_layer(model, x: torch.Tensor, cos: list[torch.Tensor], sin: list[torch.Tensor], bf16: bool,
                     start: int, end: int) -> torch.Tensor:
     """Layers [start, end), each as the stack's two halves around the forward context's attention."""
-    rope_types = model.rope_types
     for i in range(start, end):
         layer = model.layers[i]
-        t = rope_types.index(model.layer_types[i])
+        t = _rope_index(model, i)
         q, k, v = model.stack.pre_attention(i, x, cos[t], sin[t], bf16)
         attn = context_attention(q, k, v, i, layer.scale, layer.sliding)
         x = model.stack.post_attention(i, x, attn)

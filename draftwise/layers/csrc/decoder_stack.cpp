@@ -16,6 +16,7 @@
 // Rows are independent: a row's result does not depend on the other rows of the call.
 #include "gguf_linear.h"
 #include "paged_attention.h"
+#include "rms_norm.h"
 
 #include <ATen/Functions.h>
 #include <c10/util/BFloat16.h>
@@ -60,16 +61,11 @@ struct Layer {
   int64_t rope;  // which of the rope tables the layer uses
 };
 
-// out = x * rsqrt(mean(x^2) + eps) * w over rows of `dim` (in place when out == x).
+// RMSNorm over rows of `dim` (in place when out == x), as the draftwise_cpu::rms_norm op computes it.
 void rms_norm(const float* x, int64_t rows, int64_t dim, const at::Tensor& weight, double eps, float* out) {
-  const float* w = weight.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * dim;
-    float sum = 0.f;
-    for (int64_t d = 0; d < dim; ++d) sum += row[d] * row[d];
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(dim) + static_cast<float>(eps));
-    for (int64_t d = 0; d < dim; ++d) out[r * dim + d] = row[d] * inv * w[d];
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    draftwise_cpu_kernels::rms_norm_row(x + r * dim, dim, weight.data_ptr<float>(), static_cast<float>(eps),
+                                        out + r * dim);
 }
 
 // Neox rotary embedding of `heads` heads of each row, in place; sin carries rotate_half's sign.

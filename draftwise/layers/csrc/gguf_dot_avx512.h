@@ -20,11 +20,6 @@ namespace draftwise_gguf {
 constexpr int64_t kZmmTile = 8;  // activation rows per pass over a weight row
 constexpr int64_t kAhead = 16;   // one-row kernel: weight rows prefetched this far ahead
 
-// Types this path reads: the repacked ones, and Q4_K, whose super-blocks already hold each pair
-// of units as nibble pairs (units 2j, 2j+1 in the low and high nibbles of 32 bytes).
-template <int64_t T>
-constexpr bool kZmmType = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K;
-
 // Q4_K: the 4 scales and (negated) mins of units s0..s0+3 (s0 = 0 or 4) of super-block b.
 inline void k4_scales(const uint8_t* b, int64_t s0, __m128* scale, __m128* offset) {
   constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;

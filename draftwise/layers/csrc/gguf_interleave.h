@@ -46,19 +46,21 @@ constexpr bool interleaved(int64_t out_features) {
 }
 
 template <int64_t T>
-constexpr int64_t code_bytes() { return T == kQ8_0 ? 8 * 64 : T == kQ5_0 ? 5 * 64 : 4 * 64; }  // per unit segment
+constexpr int64_t num_chunks() { return T == kQ8_0 ? 8 : 4; }  // 64-byte code chunks per unit segment
+
+template <int64_t T>
+constexpr int64_t code_bytes() { return num_chunks<T>() * 64 + (T == kQ5_0 ? 64 : 0); }  // Q5_0: + high-bit masks
 
 // One column block: `rows` (16) file rows of num_units blocks each -> the interleaved block.
 template <int64_t T>
 void interleave_block(const uint8_t* src, int64_t row_bytes, int64_t num_units, uint8_t* dst) {
   constexpr int64_t B = Layout<T>::bytes, qs = T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 2;
-  constexpr int64_t num_chunks = T == kQ8_0 ? 8 : 4;
   for (int64_t u = 0; u < num_units; ++u) {
     uint8_t* seg = dst + u * kBlockCols * B;
     if (T == kQ5_0) std::memset(seg + 4 * 64, 0, 64);
     for (int64_t c = 0; c < kBlockCols; ++c) {
       const uint8_t* b = src + c * row_bytes + u * B;
-      for (int64_t k = 0; k < num_chunks; ++k) std::memcpy(seg + 64 * k + 4 * c, b + qs + 4 * k, 4);
+      for (int64_t k = 0; k < num_chunks<T>(); ++k) std::memcpy(seg + 64 * k + 4 * c, b + qs + 4 * k, 4);
       if (T == kQ5_0) {  // the high bits, regrouped as each chunk's 64-bit masks
         uint32_t high;
         std::memcpy(&high, b + 2, 4);
@@ -89,7 +91,7 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
     const int64_t g = u / kGroup, j = u % kGroup, slot = kSlot[j];
     __m512i dot[kBlockRows];
     for (int64_t m = 0; m < rows; ++m) dot[m] = _mm512_setzero_si512();
-    for (int64_t k = 0; k < (T == kQ8_0 ? 8 : 4); ++k) {
+    for (int64_t k = 0; k < num_chunks<T>(); ++k) {
       const __m512i raw = _mm512_loadu_si512(seg + 64 * k);
       if (T == kQ8_0) {
         const __m512i w = _mm512_xor_si512(raw, bias);  // signed codes biased to 0..255

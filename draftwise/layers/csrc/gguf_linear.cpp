@@ -85,7 +85,8 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
 #if defined(DRAFTWISE_GGUF_ZMM)
-  constexpr bool kZmm = kPacked || (kZmmType<T> && T == kQ4_K);
+  // Repacked rows, and Q4_K as stored: its super-blocks already hold units 2j, 2j+1 as nibble pairs.
+  constexpr bool kZmm = kPacked || T == kQ4_K;
   constexpr int64_t kRows = kZmm ? kZmmTile : kTile;
 #else
   constexpr bool kZmm = false;
