@@ -40,12 +40,12 @@ def bench_draftwise(llm: LLM, max_tokens: int, repeats: int, concurrency: int) -
     return statistics.median(single), batched
 
 
-def bench_transformers(path, dtype: torch.dtype, max_tokens: int, repeats: int) -> float:
+def bench_transformers(path, dtype: torch.dtype, device: torch.device, max_tokens: int, repeats: int) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids.to(device)
     kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
     model.generate(ids, max_new_tokens=8, do_sample=False)  # warm-up
     speeds = []
@@ -86,10 +86,13 @@ def main() -> None:
     llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=max(16, args.concurrency))
     dtype = llm.llm_engine.dtype
     single, batched = bench_draftwise(llm, args.max_tokens, args.repeats, args.concurrency)
-    bandwidth = memory_bandwidth_gbs()
-    print(f"model: {llm.llm_engine.config.model_path.name}  dtype: {dtype}  threads: {torch.get_num_threads()}")
-    print(f"memory bandwidth now: {bandwidth:.1f} GB/s -> at most "
-          f"{bandwidth * 1e9 / weight_bytes(llm):.0f} decode steps/s for these weights")
+    device = llm.llm_engine.device
+    print(f"model: {llm.llm_engine.config.model_path.name}  dtype: {dtype}  device: {device}  "
+          f"threads: {torch.get_num_threads()}")
+    if device.type == "cpu":
+        bandwidth = memory_bandwidth_gbs()
+        print(f"memory bandwidth now: {bandwidth:.1f} GB/s -> at most "
+              f"{bandwidth * 1e9 / weight_bytes(llm):.0f} decode steps/s for these weights")
     print(f"draftwise   single request : {single:7.1f} tokens/s  (median of {args.repeats})")
     print(f"draftwise   {args.concurrency:2d} concurrent  : {batched:7.1f} tokens/s  "
           f"({batched / single:.1f}x single)")
@@ -102,7 +105,7 @@ def main() -> None:
                   f"{args.concurrency} concurrent: {batched4:.1f} tokens/s")
         del int4
     if not args.no_transformers:
-        hf = bench_transformers(resolve_model(args.model), dtype, args.max_tokens, args.repeats)
+        hf = bench_transformers(resolve_model(args.model), dtype, device, args.max_tokens, args.repeats)
         print(f"transformers generate      : {hf:7.1f} tokens/s  -> draftwise/transformers = {single / hf:.2f}x")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS: {peak:.0f} MiB")

@@ -75,7 +75,8 @@ def test_plans_dispatch_by_row_count_and_reject_bad_kernels():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_engine_models_run_the_measured_plan(tiny_model_dir, dtype):
-    model = LLM(model=str(tiny_model_dir), dtype=str(dtype).removeprefix("torch.")).llm_engine.runner.model
+    llm = LLM(model=str(tiny_model_dir), dtype=str(dtype).removeprefix("torch."), device="cpu")
+    model = llm.llm_engine.runner.model
     assert set(model.kernel_plans) == {"layers", "head", "attention"}
     linears = [m for m in model.modules() if isinstance(m, PackedLinear)]
     assert linears and all(m.plan == model.kernel_plans["layers"] for m in linears if m is not model.lm_head)
@@ -84,7 +85,7 @@ def test_engine_models_run_the_measured_plan(tiny_model_dir, dtype):
 @pytest.mark.skipif(torch.bfloat16 not in DTYPES, reason="oneDNN bf16 not available on this CPU")
 def test_every_attention_kernel_of_a_bf16_model_matches_native(tiny_model_dir):
     prompts = ["The quick brown fox", "def add(a, b):"]
-    llm = LLM(model=str(tiny_model_dir), dtype="bfloat16")
+    llm = LLM(model=str(tiny_model_dir), dtype="bfloat16", device="cpu")
     model = llm.llm_engine.runner.model
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)
     outputs = {}

@@ -104,7 +104,7 @@ def test_long_and_non_causal_queries_keep_the_torch_path():
 
 
 def test_engine_on_the_kernel_decodes_as_on_sdpa(tiny_model_dir):
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, device="cpu")
     model = llm.llm_engine.runner.model
     params = [greedy(n) for n in (12, 20, 8, 16, 10, 14, 6, 18)]
     outputs = {}
@@ -118,7 +118,7 @@ def test_engine_on_split_batches_decodes_as_on_sdpa(tiny_model_dir):
     """Prefill chunks joining decodes and ngram verify rows past the plan's kernel rows: every such
     step splits, and the tokens equal those of SDPA alone (fp32)."""
     ngram = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, max_num_batched_tokens=48,
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, device="cpu", max_num_batched_tokens=48,
               speculative_config=ngram)
     model = llm.llm_engine.runner.model
     plan_of, splits = model.attention_metadata, []

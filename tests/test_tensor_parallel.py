@@ -26,7 +26,7 @@ PROMPTS = [[5, 9, 31, 77, 120, 3, 44], [200, 13, 13, 13, 99, 150, 7, 8, 9, 10, 1
 
 def _run(model, prompts, params, tp: int = 1, stats: dict | None = None, **kwargs) -> list[list[int]]:
     """Token ids of each prompt's output; ``stats`` (if given) receives the speculative counters."""
-    llm = LLM(model=str(model), dtype="float32", seed=0, tensor_parallel_size=tp, **kwargs)
+    llm = LLM(model=str(model), dtype="float32", seed=0, tensor_parallel_size=tp, device="cpu", **kwargs)
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         if stats is not None:
@@ -69,7 +69,7 @@ def test_each_rank_holds_its_shard(tiny_model_dir):
     """The driver's shard holds its share of the heads, MLP and vocabulary rows, and the KV heads it reads;
     the ranks split the process's threads while the engine runs."""
     threads = torch.get_num_threads()
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2, device="cpu")
     try:
         assert torch.get_num_threads() == max(1, threads // 2) or "OMP_NUM_THREADS" in os.environ
         model = llm.llm_engine.runner.model
@@ -118,7 +118,7 @@ def test_mtp_under_tp_equals_plain(spec_dirs, monkeypatch):
 @pytest.mark.slow
 def test_smollm2_tp2_equals_tp1_plain_and_eagle3(monkeypatch):
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0")
-    llm = LLM(dtype="float32")
+    llm = LLM(dtype="float32", device="cpu")
     prompts = [llm.get_tokenizer().encode(p) for p in ("The capital of France is", "def fibonacci(n):")]
     params = greedy(max_tokens=24)
     plain = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
@@ -130,7 +130,7 @@ def test_smollm2_tp2_equals_tp1_plain_and_eagle3(monkeypatch):
 
 
 def test_killed_worker_ends_the_engine_with_a_clear_error(tiny_model_dir):
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", tensor_parallel_size=2, device="cpu")
     executor = llm.llm_engine.executor
     assert llm.generate([{"prompt_token_ids": PROMPTS[0]}], greedy(max_tokens=4), use_tqdm=False)
     pid = executor.worker_pids[0]

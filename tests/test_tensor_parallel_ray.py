@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
+
+ray = pytest.importorskip("ray")  # the ray extra
 from conftest import free_port, greedy
 
 from draftwise import LLM

@@ -16,6 +16,7 @@ CPU's (tests run the AVX2 and scalar paths that way on an AVX512 machine).
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -47,7 +48,7 @@ def load() -> bool:
         logger.info("draftwise: no C++ compiler, the C++ CPU kernels are off")
         return False
     library = _cache_dir() / f"cpu_kernels-{build_key()}.so"
-    if not library.exists() and not _build(compiler, library):
+    if not library.exists() and not _build_once(compiler, library):
         return False
     torch.ops.load_library(str(library))
     torch.library.register_fake("draftwise_cpu::packed_linear")(packed_linear_fake)
@@ -82,9 +83,17 @@ def _cache_dir() -> Path:
     return root
 
 
+def _build_once(compiler: str, library: Path) -> bool:
+    """Build under a lock, so processes starting together build once and never load a half-written file."""
+    with open(f"{library}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return library.exists() or _build(compiler, library)
+
+
 def _build(compiler: str, library: Path) -> bool:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [compiler, *map(str, SOURCES), "-o", f"{library}.tmp", "-shared", "-fPIC", "-std=c++20", "-O3",
+    partial = f"{library}.{os.getpid()}.tmp"
+    command = [compiler, *map(str, SOURCES), "-o", partial, "-shared", "-fPIC", "-std=c++20", "-O3",
                f"-march={_march()}", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     command += [f"-I{p}" for p in cpp_extension.include_paths()]
     command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
@@ -96,6 +105,6 @@ def _build(compiler: str, library: Path) -> bool:
         logger.warning("draftwise: the C++ CPU kernels did not build, using torch's ops:\n%s",
                        result.stderr[-2000:])
         return False
-    os.replace(f"{library}.tmp", library)
+    os.replace(partial, library)
     logger.info("draftwise: C++ CPU kernels built in %.1f s (%s)", time.perf_counter() - start, library)
     return True

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The CUDA check for a session that is lent a GPU machine (the device tool runs "run" there):
+#   here:   scripts/device_check.sh wheels     # downloads the packages that machine lacks into .whl/
+#   there:  scripts/device_check.sh run        # installs them, runs the suite on CUDA, then bench_decode
+# The machine has its own python3 and torch; draftwise runs from the source tree on PYTHONPATH.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+
+wheels() {
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl gguf==0.19.0 llguidance==1.9.1 fastapi==0.165.0 uvicorn==0.54.0 starlette==1.10.0 \
+        pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 annotated-doc==0.0.7 \
+        typing-inspection==0.4.5 typing_extensions==4.16.0 anyio==4.16.0 sniffio==1.3.1 h11==0.16.0 \
+        openai==3.54.0 jiter==0.19.0 distro==1.9.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 \
+        idna==3.20 opentelemetry-api==1.45.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+        referencing==0.37.0 rpds-py==2026.9.1
+}
+
+run() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+    { nvidia-smi -L; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
+      lscpu | grep -E 'Model name|^CPU\(s\)'; } 2>&1 | tee "$OUT/env.txt"
+    python3 -c "from draftwise.layers import native; print('native kernels:', native.load())"
+    timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" \
+        --timeout 240 -rfE --maxfail=60 tests > "$OUT/suite.txt" 2>&1
+    grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/suite.txt" | tail -n 60
+    python3 scripts/device_model.py /tmp/smol-random && \
+        timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode.py --model /tmp/smol-random \
+        --dtype bfloat16 --max-tokens 128 --concurrency 16 --no-int4 2>&1 | tee "$OUT/bench_decode.txt"
+}
+
+"$@"
