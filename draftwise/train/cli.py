@@ -13,8 +13,14 @@ def add_make_data_args(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated sources: {', '.join(SOURCES)} or FILE.jsonl")
     parser.add_argument("--out", required=True, help="new directory for the data")
     parser.add_argument("--max-tokens", type=int, default=256, help="answer length cap per prompt")
-    parser.add_argument("--num-samples", type=int, default=None, help="use at most this many prompts")
+    parser.add_argument("--num-samples", type=int, default=None,
+                        help="use at most this many prompts; with magpie, the number of conversations (1000)")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="sequences generated in one batch")
+    parser.add_argument("--chunk-size", type=int, default=256,
+                        help="prompts per resumable chunk (a restarted run goes on after the last finished one)")
+    parser.add_argument("--follow-up-fraction", type=float, default=0.3,
+                        help="magpie: share of conversations that get a second user turn")
+    parser.add_argument("--hidden-dtype", default="bfloat16", help="bfloat16, float16 or float32 on disk")
     parser.add_argument("--layer-ids", default=None,
                         help="comma-separated target layer ids to save (default: 2,L//2,L-3,L)")
     parser.add_argument("--dtype", default="auto")
@@ -27,7 +33,8 @@ def cmd_make_data(args: argparse.Namespace) -> int:
 
     layer_ids = _int_list("--layer-ids", args.layer_ids) if args.layer_ids else None
     manifest = make_data(args.model, [s for s in args.prompts.split(",") if s], args.out, args.max_tokens,
-                         args.num_samples, args.max_num_seqs, layer_ids, args.seed, args.dtype, args.device)
+                         args.num_samples, args.max_num_seqs, layer_ids, args.seed, args.dtype, args.device,
+                         args.chunk_size, args.hidden_dtype, args.follow_up_fraction)
     print(json.dumps({k: v for k, v in manifest.items() if k != "samples"}))
     return 0
 

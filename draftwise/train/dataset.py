@@ -1,8 +1,10 @@
 """Training data for ``draftwise train-draft``: what ``make-data`` wrote, in memory, in padded batches.
 
-``load_dataset(dir)`` reads ``manifest.json`` and every sample file. A sample is
-``token_ids`` [T] and ``hidden_states`` [T, num_layers, H] (the target's states at the
-manifest's ``layer_ids``); answer tokens start at ``num_prompt_tokens``.
+``load_dataset(dir)`` reads ``manifest.json`` and every sample's ``token_ids`` [T]; a sample's
+``hidden_states`` [T, num_layers, H] (the target's states at the manifest's ``layer_ids``) are
+read from its file when a batch needs them, so a dataset larger than memory trains. Answer
+tokens start at ``num_prompt_tokens``. The held-out split is by ``group`` (a conversation's
+turns stay on one side).
 
 ``DraftVocab`` is the reduced draft vocabulary: the ``size`` most frequent answer tokens
 (ids sorted), with EAGLE-3's maps ``d2t`` (draft id -> target id offset, int64) and ``t2d``
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from .make_data import MANIFEST
@@ -26,8 +29,14 @@ from .make_data import MANIFEST
 @dataclass
 class Sample:
     token_ids: torch.Tensor  # [T] int64
-    hidden_states: torch.Tensor  # [T, num_layers, H]
+    path: Path  # safetensors file holding hidden_states
     num_prompt_tokens: int
+    group: str
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def hidden_states(self) -> torch.Tensor:  # [T, num_layers, H]
+        return load_file(str(self.path))["hidden_states"].to(self.dtype)
 
 
 @dataclass
@@ -46,11 +55,12 @@ class Dataset:
         return self.manifest["layer_ids"].index(layer_id)
 
     def split(self, held_out_fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
-        """(train, held_out): a seeded split, at least one held-out sample when there are two or more."""
-        order = list(range(len(self.samples)))
-        random.Random(seed).shuffle(order)
-        num_held = max(1, round(held_out_fraction * len(order))) if len(order) > 1 and held_out_fraction > 0 else 0
-        return [self.samples[i] for i in order[num_held:]], [self.samples[i] for i in order[:num_held]]
+        """(train, held_out): a seeded split by group, at least one held-out group when there are two or more."""
+        groups = sorted({s.group for s in self.samples})
+        random.Random(seed).shuffle(groups)
+        num_held = max(1, round(held_out_fraction * len(groups))) if len(groups) > 1 and held_out_fraction > 0 else 0
+        held = set(groups[:num_held])
+        return [s for s in self.samples if s.group not in held], [s for s in self.samples if s.group in held]
 
 
 def load_dataset(directory: str | Path, dtype: torch.dtype = torch.float32) -> Dataset:
@@ -60,10 +70,12 @@ def load_dataset(directory: str | Path, dtype: torch.dtype = torch.float32) -> D
         raise ValueError(f"--data {directory}: no {MANIFEST} (make one with `draftwise make-data`)")
     manifest = json.loads(path.read_text())
     samples = []
-    for entry in manifest.get("samples", []):
-        tensors = load_file(str(directory / entry["file"]))
-        samples.append(Sample(tensors["token_ids"].long(), tensors["hidden_states"].to(dtype),
-                              int(entry["num_prompt_tokens"])))
+    for index, entry in enumerate(manifest.get("samples", [])):
+        path = directory / entry["file"]
+        with safe_open(str(path), "pt") as f:
+            token_ids = f.get_tensor("token_ids").long()
+        samples.append(Sample(token_ids, path, int(entry["num_prompt_tokens"]), str(entry.get("group", index)),
+                              dtype))
     samples = [s for s in samples if len(s.token_ids) - s.num_prompt_tokens >= 1]
     if not samples:
         raise ValueError(f"--data {directory} holds no samples with answer tokens")
@@ -126,14 +138,15 @@ class Batch:
 
 def make_batch(samples: list[Sample]) -> Batch:
     longest = max(len(s.token_ids) for s in samples)
-    num, layers, hidden = len(samples), samples[0].hidden_states.shape[1], samples[0].hidden_states.shape[2]
+    loaded = [s.hidden_states for s in samples]
+    num, layers, hidden = len(samples), loaded[0].shape[1], loaded[0].shape[2]
     ids = torch.zeros(num, longest, dtype=torch.int64)
-    states = torch.zeros(num, longest, layers, hidden, dtype=samples[0].hidden_states.dtype)
+    states = torch.zeros(num, longest, layers, hidden, dtype=loaded[0].dtype)
     mask = torch.zeros(num, longest, dtype=torch.bool)
-    for b, s in enumerate(samples):
+    for b, (s, hidden_states) in enumerate(zip(samples, loaded)):
         length = len(s.token_ids)
         ids[b, :length] = s.token_ids
-        states[b, :length] = s.hidden_states
+        states[b, :length] = hidden_states
         mask[b, max(s.num_prompt_tokens - 1, 0):length - 1] = True
     return Batch(ids, states, mask, [len(s.token_ids) for s in samples])
 
