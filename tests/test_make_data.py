@@ -135,3 +135,18 @@ def test_smollm2_writes_distinct_usable_requests():
     systems = [[{"role": "system", "content": "You are a helpful assistant."}]] * 32
     turns = [t for t in write_user_turns(llm, systems, seed=0) if t is not None]
     assert len(turns) >= 16 and len(set(turns)) == len(turns)
+
+
+def test_the_draft_vocabulary_can_be_picked_by_coverage(tiny_model_dir, tmp_path, magpie):
+    from draftwise.train.dataset import DraftVocab
+
+    run(tiny_model_dir, tmp_path / "data")
+    samples = load_dataset(tmp_path / "data").samples
+    for coverage in (0.5, 0.9, 1.0):
+        vocab = DraftVocab.covering(samples, coverage, max_size=400, vocab_size=400)
+        assert vocab.coverage(samples) >= coverage  # enough ...
+        smaller = DraftVocab.most_frequent(samples, vocab.size - 1, 400)
+        assert smaller.coverage(samples) < coverage  # ... and no more than needed
+    assert DraftVocab.covering(samples, 1.0, max_size=8, vocab_size=400).size == 8
+    with pytest.raises(ValueError, match="--draft-vocab-coverage"):
+        DraftVocab.covering(samples, 1.5, max_size=8, vocab_size=400)

@@ -433,7 +433,8 @@ class LLMEngine:
         """Speculative decoding counters since start-up and their derived rates (empty without speculation),
         and the grammar's drafts (``grammar_num_draft_tokens``, ``..._accepted_tokens``) once structured
         outputs ran."""
-        return {**(self.speculator.stats.as_dict() if self.speculator else {}), **self.structured.spec_stats()}
+        spec = self.speculator.stats.as_dict() | self.speculator.proposer.source_stats() if self.speculator else {}
+        return {**spec, **self.structured.spec_stats()}
 
     # ------------------------------------------------------------------ helpers
     def _release(self, seq: Sequence) -> None:

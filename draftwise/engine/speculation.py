@@ -29,6 +29,7 @@ from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
 from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
+from ..spec_decode.suffix_mix import SuffixMix
 from ..validate import PREFIX
 from .draft_length import DraftLengthPolicy
 from .model_runner import StepResult
@@ -45,6 +46,8 @@ class Speculator:
                              f"target's max_model_len ({target.max_model_len})")
         self.config = config
         self.proposer = config.proposer_cls(config, target)
+        if config.suffix_config is not None:  # model drafts mixed with suffix drafts, per sequence
+            self.proposer = SuffixMix(self.proposer, config.suffix_config.proposer_cls(config.suffix_config, target))
         if config.draft_tensor_parallel_size > 1 and not self.proposer.shards_drafter:
             logger.info("draftwise: draft_tensor_parallel_size=%d: the %s drafter runs whole on the driver's rank "
                         "(its target states are whole there)", config.draft_tensor_parallel_size, config.method)
@@ -85,6 +88,7 @@ class Speculator:
             seq.num_draft_tokens += num_drafts
             seq.num_accepted_tokens += num_accepted
             self.policy.observe(seq, num_drafts, num_accepted)
+            self.proposer.observe(seq, num_drafts, num_accepted)
             step.observe(num_drafts, num_accepted)
         if step.num_drafts:
             self.stats.add(step)

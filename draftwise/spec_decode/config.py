@@ -18,16 +18,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..drafters import resolve_drafter
-from ..validate import PREFIX, check_choice, check_int, parse_json, read_bools
+from ..validate import PREFIX, as_bool, check_choice, check_int, parse_json, read_bools
 from .batch_limits import SCHEDULE_KEY, BatchSizeLimits, Schedule, parse_schedule
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class, registered_methods
 from .vllm_keys import KEYS as VLLM_KEYS
 from .vllm_keys import check_vllm_keys
 
+SUFFIX_MIX_KEY = "enable_suffix_decoding"  # Arctic Inference's key: model drafts mixed with suffix drafts
 _COMMON_KEYS = ("method", "num_speculative_tokens", "model", "draft_model", "draft_tensor_parallel_size",
                 "tensor_parallel_size", "disable_padded_drafter_batch", "max_model_len", "disable_by_batch_size",
-                SCHEDULE_KEY)
+                SCHEDULE_KEY, SUFFIX_MIX_KEY)
+NOT_MIXABLE = ("suffix", "extract_hidden_states")
 
 
 @dataclass
@@ -44,6 +46,7 @@ class SpeculativeConfig:
     num_speculative_tokens_per_batch_size: Schedule | None = None  # k by batch size (batch_limits.py)
     options: Any = None  # the method's Options instance
     proposer_cls: type[Proposer] | None = dataclasses.field(default=None, repr=False)
+    suffix_config: "SpeculativeConfig | None" = None  # enable_suffix_decoding: the suffix proposer's config
 
     @classmethod
     def from_value(cls, raw, target_tensor_parallel_size: int = 1,
@@ -54,9 +57,13 @@ class SpeculativeConfig:
         if proposer.drafter_in_target and _model(raw) is None and target_model:
             raw["model"] = str(target_model)
         option_keys = [f.name for f in dataclasses.fields(proposer.Options)]
+        suffix_config = _suffix_config(raw, method)
+        if suffix_config is not None:
+            option_keys += [k for k in dataclasses.asdict(suffix_config.options) if k in raw]
         _check_known(raw, method, option_keys)
         check_vllm_keys({k: v for k, v in raw.items() if k in VLLM_KEYS and k not in option_keys})
-        options = proposer.Options(**read_bools(proposer.Options, {k: raw[k] for k in option_keys if k in raw}))
+        own_keys = [f.name for f in dataclasses.fields(proposer.Options)]
+        options = proposer.Options(**read_bools(proposer.Options, {k: raw[k] for k in own_keys if k in raw}))
         common = read_bools(cls, {k: raw[k] for k in _COMMON_KEYS if k in raw})
         config = cls(method=method, num_speculative_tokens=_num_tokens(raw, proposer, options),
                      model=_model(raw), options=options, proposer_cls=proposer,
@@ -64,7 +71,8 @@ class SpeculativeConfig:
                      disable_padded_drafter_batch=common.get("disable_padded_drafter_batch", False),
                      max_model_len=_optional_int(raw, "max_model_len"),
                      disable_by_batch_size=_optional_int(raw, "disable_by_batch_size"),
-                     num_speculative_tokens_per_batch_size=parse_schedule(raw.get(SCHEDULE_KEY)))
+                     num_speculative_tokens_per_batch_size=parse_schedule(raw.get(SCHEDULE_KEY)),
+                     suffix_config=suffix_config)
         proposer.check_config(config)
         return config
 
@@ -80,6 +88,8 @@ class SpeculativeConfig:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         out.update(dataclasses.asdict(self.options))
+        if self.suffix_config is not None:
+            out.update({SUFFIX_MIX_KEY: True, **dataclasses.asdict(self.suffix_config.options)})
         return out
 
 
@@ -90,6 +100,19 @@ def as_config_dict(raw) -> dict:
     if not isinstance(raw, dict):
         raise ValueError(f"{PREFIX} must be a dict (or its JSON text), got {type(raw).__name__}")
     return dict(raw)
+
+
+def _suffix_config(raw: dict, method: str) -> SpeculativeConfig | None:
+    """The suffix proposer's config where ``enable_suffix_decoding`` is on (its ``suffix_decoding_*`` keys)."""
+    if not as_bool(SUFFIX_MIX_KEY, raw.get(SUFFIX_MIX_KEY, False)):
+        return None
+    if method in NOT_MIXABLE:
+        raise ValueError(f"{PREFIX}[{SUFFIX_MIX_KEY!r}] mixes suffix drafts into a drafter's; method {method!r} "
+                         f"cannot take it (use it with a model drafter, e.g. 'eagle3', 'eagle', 'mtp', 'draft_model')")
+    suffix = proposer_class("suffix")
+    keys = [f.name for f in dataclasses.fields(suffix.Options)]
+    options = suffix.Options(**read_bools(suffix.Options, {k: raw[k] for k in keys if k in raw}))
+    return SpeculativeConfig(method="suffix", num_speculative_tokens=1, options=options, proposer_cls=suffix)
 
 
 def _check_known(raw: dict, method: str, option_keys: list[str]) -> None:

@@ -155,6 +155,13 @@ class Proposer(ABC):
         draft-length policy adds it to the step's cost; lookups (ngram, suffix) cost ~0."""
         return 0.0
 
+    def observe(self, seq: "Sequence", num_drafts: int, num_accepted: int) -> None:
+        """``seq``'s last ``num_drafts`` drafts were verified and ``num_accepted`` of them accepted."""
+
+    def source_stats(self) -> dict:
+        """Counters beyond the engine's (e.g. per draft source), merged into ``get_spec_decode_stats``."""
+        return {}
+
     def on_finished(self, seq: "Sequence") -> None:
         """Release any state kept for ``seq`` (finished, aborted or preempted)."""
 

@@ -53,7 +53,10 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-steps", type=int, default=d.ttt_steps,
                         help="draft steps unrolled in training (training-time test)")
     parser.add_argument("--eval-steps", type=int, default=d.eval_steps, help="depths K of the held-out estimate")
-    parser.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size)
+    parser.add_argument("--draft-vocab-size", type=int, default=d.draft_vocab_size,
+                        help="draft vocabulary size (the most, with --draft-vocab-coverage)")
+    parser.add_argument("--draft-vocab-coverage", type=float, default=None,
+                        help="pick the fewest most frequent tokens covering this share of answer tokens, e.g. 0.98")
     parser.add_argument("--num-heads", type=int, default=d.num_heads, help="medusa heads")
     parser.add_argument("--num-head-layers", type=int, default=d.num_head_layers, help="residual blocks per head")
     parser.add_argument("--held-out-fraction", type=float, default=d.held_out_fraction)
@@ -67,8 +70,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     from .loop import TrainOptions, train_draft
 
     keys = ("method", "data", "out", "model", "epochs", "lr", "batch_tokens", "ttt_steps", "eval_steps",
-            "draft_vocab_size", "num_heads", "num_head_layers", "held_out_fraction", "warmup_steps", "seed",
-            "resume", "export_dtype")
+            "draft_vocab_size", "draft_vocab_coverage", "num_heads", "num_head_layers", "held_out_fraction",
+            "warmup_steps", "seed", "resume", "export_dtype")
     summary = train_draft(TrainOptions(**{k: getattr(args, k) for k in keys}))
     last = summary["history"][-1] if summary["history"] else {}
     print(json.dumps({"out": args.out, **{k: v for k, v in summary.items() if k != "history"}, "last_epoch": last}))

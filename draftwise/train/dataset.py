@@ -99,6 +99,19 @@ class DraftVocab:
         return cls(torch.sort(order[:size]).values, vocab_size)
 
     @classmethod
+    def covering(cls, samples: list[Sample], coverage: float, max_size: int, vocab_size: int) -> "DraftVocab":
+        """The fewest most frequent answer tokens that cover ``coverage`` of ``samples``' answer tokens
+        (at most ``max_size``)."""
+        if not 0 < coverage <= 1:
+            raise ValueError(f"--draft-vocab-coverage must be in (0, 1], got {coverage}")
+        counts = torch.zeros(vocab_size, dtype=torch.int64)
+        for s in samples:
+            counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
+        shares = torch.sort(counts, descending=True).values.cumsum(0).double() / max(1, int(counts.sum()))
+        size = int(torch.searchsorted(shares, torch.tensor([coverage], dtype=torch.float64))[0]) + 1
+        return cls.most_frequent(samples, min(size, max_size, vocab_size), vocab_size)
+
+    @classmethod
     def from_d2t(cls, d2t: torch.Tensor, vocab_size: int) -> "DraftVocab":
         return cls(torch.arange(len(d2t)) + d2t, vocab_size)
 

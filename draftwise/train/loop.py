@@ -48,7 +48,8 @@ class TrainOptions:
     batch_tokens: int = 4096
     ttt_steps: int = 3  # draft steps unrolled in training (chain drafters)
     eval_steps: int = 5
-    draft_vocab_size: int = 8192
+    draft_vocab_size: int = 8192  # the most it holds
+    draft_vocab_coverage: float | None = None  # else: the fewest tokens covering this share of answers
     num_heads: int = 4  # medusa
     num_head_layers: int = 1  # medusa residual blocks per head
     held_out_fraction: float = 0.05
@@ -149,8 +150,12 @@ class _Run:
         _check_match(self.data, self.target)
         self.train, self.held_out = self.data.split(opts.held_out_fraction, opts.seed)
         vocab_size = self.target.vocab_size
-        vocab = DraftVocab(saved["draft_ids"], vocab_size) if saved else \
-            DraftVocab.most_frequent(self.train, min(opts.draft_vocab_size, vocab_size), vocab_size)
+        if saved:
+            vocab = DraftVocab(saved["draft_ids"], vocab_size)
+        elif opts.draft_vocab_coverage is not None:
+            vocab = DraftVocab.covering(self.train, opts.draft_vocab_coverage, opts.draft_vocab_size, vocab_size)
+        else:
+            vocab = DraftVocab.most_frequent(self.train, min(opts.draft_vocab_size, vocab_size), vocab_size)
         self.model = build(opts, self.data, self.target, vocab)
         self.num_steps = min(opts.ttt_steps, self.model.max_steps() or opts.ttt_steps)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, betas=(0.9, 0.95),
@@ -182,6 +187,8 @@ class _Run:
         return {"method": self.opts.method, "num_train_samples": len(self.train),
                 "num_held_out_samples": len(self.held_out), "draft_vocab_size": self.model.vocab.size,
                 "draft_vocab_coverage": round(self.model.vocab.coverage(self.train), 4),
+                "held_out_draft_vocab_coverage":
+                    round(self.model.vocab.coverage(self.held_out), 4) if self.held_out else None,
                 "num_parameters": sum(p.numel() for p in self.model.parameters()), "history": self.history}
 
     def save(self, epoch: int) -> None:
