@@ -29,7 +29,7 @@ from ...paged import ForwardInput, prepare_batch
 from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, require_model
-from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, place
+from ..drafter_modules import RopeCache, check_width, decoder_layer, input_dtype, linear, norm, place
 from ..forward_timer import ForwardTimer
 from ..interface import DraftBatch, ProposeBatch, ProposerNeeds, TargetHidden, register
 
@@ -61,12 +61,12 @@ class DFlashModel(ChainModel):
                                     for i in range(config.num_hidden_layers))
         self._target = [target.model]
         self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
-        place(self, target.device, target.dtype)
+        place(self, target)
 
     def write_context(self, features: torch.Tensor,  # [num_rows, n * H_target]
                       positions: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
         """K/V of the context rows, for every layer, into the drafter cache at ``slots``."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)).float())  # [num_rows, H]
+        ctx = self.hidden_norm(self.fc(features.to(input_dtype(self.fc))).float())  # [num_rows, H]
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             q_size, kv_size, _ = layer.split

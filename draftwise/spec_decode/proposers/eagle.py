@@ -19,7 +19,7 @@ from torch import nn
 
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, require_model
-from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, own_embedding, place
+from ..drafter_modules import RopeCache, check_width, decoder_layer, input_dtype, linear, own_embedding, place
 from ..interface import ProposerNeeds, register
 
 
@@ -37,11 +37,11 @@ class Eagle1Model(ChainModel):
         self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target)
         self._target = [target.model]  # shared embedding / lm_head, outside this module tree
         self.rope = RopeCache(config, layer.head_dim, target.max_model_len, target.device, target.dtype)
-        place(self, target.device, target.dtype)
+        place(self, target)
 
     def _forward(self, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         x = torch.cat((self.embed(token_ids), hidden.float()), dim=-1)
-        x = self.fc(x.to(self.fc.weight.dtype)).float()
+        x = self.fc(x.to(input_dtype(self.fc))).float()
         cos, sin = self.rope(positions)
         return self.layers[0](x, cos, sin, kv_cache[0], meta)
 

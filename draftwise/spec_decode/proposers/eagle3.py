@@ -23,7 +23,7 @@ from torch import nn
 
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, require_model
-from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, norm, own_embedding, place
+from ..drafter_modules import RopeCache, check_width, decoder_layer, input_dtype, linear, norm, own_embedding, place
 from ..interface import ProposerNeeds, register
 
 
@@ -59,7 +59,7 @@ class Eagle3Model(ChainModel):
         self.embed_tokens = own_embedding(ckpt, "embed_tokens.weight", target)
         self._target = [target.model]
         self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
-        place(self, target.device, target.dtype)
+        place(self, target)
         self.d2t = self.d2t.to(target.device)
 
     @staticmethod
@@ -83,14 +83,14 @@ class Eagle3Model(ChainModel):
         return layer.feed_forward(residual + layer.attend(attn_in, cos, sin, kv_cache[0], meta))
 
     def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:
-        hidden = self.fc(batch.target_features.to(self.fc.weight.dtype)).float()
+        hidden = self.fc(batch.target_features.to(input_dtype(self.fc))).float()
         return self._forward(batch.token_ids, batch.positions, hidden, kv_cache, batch.meta)
 
     def step(self, step, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         return self._forward(token_ids, positions, hidden, kv_cache, meta)
 
     def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
-        draft = self.lm_head(self.norm(hidden).to(self.lm_head.weight.dtype)).argmax(dim=-1)
+        draft = self.lm_head(self.norm(hidden).to(input_dtype(self.lm_head))).argmax(dim=-1)
         return draft + self.d2t[draft]
 
 

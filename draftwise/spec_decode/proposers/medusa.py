@@ -34,7 +34,7 @@ from torch import nn
 
 from ...validate import PREFIX, check_int
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, tensor_names, weight_files
-from ..drafter_modules import check_width, linear, place
+from ..drafter_modules import check_width, input_dtype, linear, place
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 
 
@@ -65,7 +65,7 @@ class MedusaHeads(nn.Module):
         self.register_buffer("token_map", token_map, persistent=False)
 
     def forward(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:  # [num_rows, H] -> [num_rows, heads]
-        dtype = self.lm_heads[0].weight.dtype
+        dtype = input_dtype(self.lm_heads[0])
         out = []
         for blocks, lm_head in zip(self.blocks[:num_heads], self.lm_heads[:num_heads]):
             x = hidden.to(dtype)
@@ -149,8 +149,7 @@ class MedusaProposer(Proposer):
     def __init__(self, config, target):
         super().__init__(config, target)
         ckpt = load_drafter(config.model, self.method, files=heads_files(config.model))
-        self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size),
-                           target.device, target.dtype)
+        self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size), target)
         _check_num_heads(self.options.num_heads, len(self.heads.lm_heads), ckpt.what)
         _check_num_tokens(config.num_speculative_tokens, len(self.heads.lm_heads), ckpt.what)
 

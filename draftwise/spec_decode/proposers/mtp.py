@@ -25,7 +25,7 @@ from torch import nn
 from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter
-from ..drafter_modules import RopeCache, decoder_layer, linear, norm, own_embedding, place
+from ..drafter_modules import RopeCache, decoder_layer, input_dtype, linear, norm, own_embedding, place
 from ..interface import ProposerNeeds, register
 
 
@@ -54,13 +54,13 @@ class MtpModel(ChainModel):
         self._target = [target.model]
         self.rope = RopeCache(config, self.layers[0].head_dim, target.max_model_len, target.device, target.dtype)
         self._carry: dict[int, torch.Tensor] = {}  # seq_id -> [n - 1, H]: layer j's output at the last position
-        place(self, target.device, target.dtype)
+        place(self, target)
 
     def _forward(self, j: int, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         mtp = self.mtp[j]
         e = self.embed(token_ids) * (positions != 0)[:, None]
         x = torch.cat((mtp.enorm(e), mtp.hnorm(hidden)), dim=-1)
-        x = mtp.eh_proj(x.to(mtp.eh_proj.weight.dtype)).float()
+        x = mtp.eh_proj(x.to(input_dtype(mtp.eh_proj))).float()
         cos, sin = self.rope(positions)
         return mtp.layer(x, cos, sin, kv_cache[j], meta)
 
@@ -94,7 +94,7 @@ class MtpModel(ChainModel):
         normed = mtp.head_norm(hidden)
         if mtp.head is None:
             return self._target[0].compute_logits(normed).argmax(dim=-1)
-        return mtp.head(normed.to(mtp.head.weight.dtype)).argmax(dim=-1)
+        return mtp.head(normed.to(input_dtype(mtp.head))).argmax(dim=-1)
 
     def release(self, seq_id: int) -> None:
         self._carry.pop(seq_id, None)
