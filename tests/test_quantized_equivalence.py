@@ -1,10 +1,12 @@
 """Speculation on quantized weights changes no output: with the linears and the head on quantized
 blocks (``quantization="q4_0"``, the kernels GGUF files run on; the layers as the C++ stack), greedy outputs of every method
 equal plain decoding on the same weights, token for token, alone and batched, in fp32 and at the
-default dtype; a bad ``quantization`` is refused naming the field."""
+default dtype, with the model drafters' linears on Q8_0 blocks too; a bad ``quantization`` is
+refused naming the field."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import PROMPTS, greedy
 from test_spec_equivalence import REPEAT_PROMPT, drafting_methods, spec_configs
 
@@ -40,6 +42,10 @@ def test_every_method_equals_plain_on_quantized_weights(method, tiny_model_dir, 
               speculative_config=spec_configs(spec_dirs)[method])
     assert _tokens(llm.generate(PROMPTS_ALL, PARAMS, use_tqdm=False)) == expected
     assert llm.get_spec_decode_stats()["spec_decode_num_drafts"] > 0
+    drafter = getattr(llm.llm_engine.speculator.proposer, "model", None)
+    if method in ("eagle", "eagle3", "mtp", "dflash"):  # the drafter runs on the target's kernels
+        linears = [m for m in drafter.modules() if isinstance(m, (GGUFLinear, torch.nn.Linear))]
+        assert linears and all(isinstance(m, GGUFLinear) and m.qtype == "Q8_0" for m in linears)
 
 
 @pytest.mark.parametrize("value", ["awq", "Q8_0", 4])
