@@ -4,7 +4,7 @@ The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over th
 paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``),
 ``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``)
 and ``draftwise_cpu::gguf_linear`` / ``gguf_repack`` (linears on GGUF blocks as stored,
-``layers/gguf_linear.py``).
+``layers/gguf_linear.py``) and ``draftwise_cpu::uniform_noise`` (the sampler's noise, ``sample/logits.py``).
 ``load()`` compiles ``csrc/*.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
@@ -33,7 +33,8 @@ from torch.utils import cpp_extension
 from .cpu_info import cpu_signature
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp", "decoder_stack.cpp"))
+SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp", "decoder_stack.cpp",
+                                         "sample_noise.cpp"))
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 MARCH_ENV = "DRAFTWISE_NATIVE_MARCH"
 logger = logging.getLogger("draftwise")

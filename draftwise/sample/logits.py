@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import torch
 
+from ..layers import native
 from .metadata import Penalties, SamplingMetadata
 
 _MASK32 = 0xFFFFFFFF
+CANDIDATES = (256, 4096)  # tiers of largest logits a row's top-k / top-p is settled from before a full sort
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -35,8 +37,16 @@ def uniform_noise(seeds: torch.Tensor,  # [num_rows] int64
     Strictly inside (0, 1) in fp32: 23 random bits centred in their cell, ``(k + 0.5) / 2**23``,
     every value exact (the largest is ``1 - 2**-24``). A uniform that rounded to 1.0 would make
     ``-log(u)`` zero, and ``p / 0`` NaN wherever ``p`` is 0 (a token a grammar or top-k removed),
-    which ``argmax`` would pick.
+    which ``argmax`` would pick. On CPU the C++ op computes the same bits in one pass.
     """
+    if seeds.device.type == "cpu" and native.load():
+        return torch.ops.draftwise_cpu.uniform_noise(seeds, positions, num_cols, stream)
+    return uniform_noise_reference(seeds, positions, num_cols, stream)
+
+
+def uniform_noise_reference(seeds: torch.Tensor, positions: torch.Tensor, num_cols: int,
+                            stream: int = 0) -> torch.Tensor:  # [num_rows, num_cols]
+    """``uniform_noise`` in torch ops (any device)."""
     key = _mix32((seeds & _MASK32) ^ _mix32((seeds >> 32) & _MASK32))
     key = _mix32((key + positions * 0x9E3779B9 + stream * 0x85EBCA6B) & _MASK32)
     cols = torch.arange(num_cols, device=seeds.device, dtype=torch.int64)
@@ -53,17 +63,73 @@ def apply_penalties(logits: torch.Tensor, pen: Penalties) -> torch.Tensor:  # [n
 
 
 def apply_top_k_top_p(logits: torch.Tensor,  # [num_rows, vocab]
-                      top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
+                      top_k: torch.Tensor | None,  # [num_rows] int64, vocab where off
+                      top_p: torch.Tensor | None  # [num_rows] float32, 1.0 where off
+                      ) -> torch.Tensor:
+    """-inf outside each row's top-k (ties at the k-th value kept) and outside its nucleus: a token
+    stays when the mass of the tokens ranked above it is below ``top_p`` (the top token always).
+    A row whose kept set lies among its ``CANDIDATES[0]`` largest logits is settled from those
+    (``topk``, not a sort of the vocabulary); the rest try the next tier, and the last are sorted
+    whole."""
+    out = torch.empty_like(logits)
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    for num in CANDIDATES:
+        if num >= logits.shape[1] or not len(rows):
+            break
+        part, settled = _settle(logits[rows], _take(top_k, rows), _take(top_p, rows), num)
+        out[rows[settled]] = part[settled]
+        rows = rows[~settled]
+    if len(rows):
+        out[rows] = _top_k_top_p_sorted(logits[rows], _take(top_k, rows), _take(top_p, rows))
+    return out
+
+
+def _take(values: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if values is None else values[rows]
+
+
+def _settle(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+            num: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``apply_top_k_top_p``'s rows from the ``num`` largest logits of each, [num_rows] whether that
+    was enough: the kept set lies among them, with no tie at the k-th value past them)."""
+    num_rows, vocab = logits.shape
+    values, ids = logits.topk(num, dim=-1)  # [num_rows, num] descending
+    limited = top_k < vocab if top_k is not None else torch.zeros(num_rows, dtype=torch.bool, device=logits.device)
+    nucleus = top_p < 1.0 if top_p is not None else torch.zeros_like(limited)
+    settled = torch.ones_like(limited)
+    if top_k is not None:
+        kth = torch.where(limited, values.gather(1, (top_k.clamp(1, num) - 1)[:, None]).squeeze(1), float("-inf"))
+        settled &= ~limited | ((top_k < num) & (values[:, -1] < kth))
+        values = values.masked_fill(values < kth[:, None], float("-inf"))
+    if top_p is not None:
+        norm = torch.where(limited, values.logsumexp(dim=-1), logits.logsumexp(dim=-1))
+        mass, above = _mass_above(values, norm)
+        values = values.masked_fill(nucleus[:, None] & (above >= top_p[:, None]), float("-inf"))
+        settled &= limited | ~nucleus | (mass.sum(dim=-1) >= top_p)
+    out = torch.full_like(logits, float("-inf")).scatter_(1, ids, values)
+    return torch.where((~limited & ~nucleus)[:, None], logits, out), settled
+
+
+def _mass_above(values: torch.Tensor,  # [num_rows, n] logits in descending order
+                norm: torch.Tensor  # [num_rows] their log normalizer
+                ) -> tuple[torch.Tensor, torch.Tensor]:  # [num_rows, n] float64 each
+    """Each token's probability and the mass ranked above it, in float64: the candidates' prefix
+    sums equal a full sort's, so where the nucleus ends does not depend on the path."""
+    mass = (values.double() - norm.double()[:, None]).exp()
+    return mass, mass.cumsum(dim=-1) - mass
+
+
+def _top_k_top_p_sorted(logits: torch.Tensor, top_k: torch.Tensor | None,
+                        top_p: torch.Tensor | None) -> torch.Tensor:  # [num_rows, vocab]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     if top_k is not None:
-        kth = sorted_logits.gather(1, (vocab - top_k.clamp(1, vocab))[:, None])
+        kth = sorted_logits.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])
         sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     if top_p is not None:
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cum <= (1 - top_p[:, None])
-        drop[:, -1] = False  # always keep the most likely token
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        norm = sorted_logits.logsumexp(dim=-1) if top_k is not None else logits.logsumexp(dim=-1)
+        _, above = _mass_above(sorted_logits, norm)
+        sorted_logits = sorted_logits.masked_fill((top_p < 1.0)[:, None] & (above >= top_p[:, None]), float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
