@@ -107,6 +107,32 @@ def test_a_faulty_grammar_draft_fails_its_request_alone(tiny_model_dir, monkeypa
     assert not engine.has_unfinished_requests() and engine.block_manager.usage == 0 and not engine.structured.states
 
 
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_a_faulty_proposer_fails_its_request_alone(tiny_model_dir, spec_dirs, method):
+    """The proposer raises whenever the faulty request is among the sequences it drafts for: that
+    request alone ends with "error" (found by bisection), the others keep their clean-run tokens."""
+    from test_spec_equivalence import spec_configs
+
+    config = SERVER_SPEC if method == "ngram" else spec_configs(spec_dirs)[method]
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, speculative_config=config)
+    clean = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    proposer = llm.llm_engine.speculator.proposer
+    real_propose, batches = proposer.propose, []
+
+    def propose(batch):
+        batches.append(len(batch.seqs))
+        if any(seq.params.seed == FAULTY_SEED and seq.num_output_tokens >= 3 for seq in batch.seqs):
+            raise RuntimeError("injected drafting fault")
+        return real_propose(batch)
+
+    proposer.propose = propose
+    _check_alone(llm.generate(PROMPTS, _params(), use_tqdm=False), clean, "injected drafting fault")
+    engine = llm.llm_engine
+    assert not engine.has_unfinished_requests() and engine.block_manager.usage == 0
+    assert not proposer.tracked_seq_ids()
+    assert max(batches) == len(PROMPTS) and 1 in batches  # the bisection narrowed it down to one
+
+
 def test_bisection_names_each_failing_group_and_combinations():
     bad = {2, 5}
 

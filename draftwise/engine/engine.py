@@ -9,8 +9,9 @@ that progressed (finished ones are released from the cache at once).
 requests that cause it are found by bisection (``fault_isolation.py``) and fail
 alone (``finish_reason="error"``, ``RequestOutput.error`` says why); the others'
 step runs without them, with the tokens a batch without them would give. A fault in one
-request's grammar drafting or in building its output (detokenization) ends that request alone
-the same way; a grammar that refuses an emitted token fails its request with its output cut.
+request's drafting (the proposer's or the grammar's) or in building its output (detokenization)
+ends that request alone the same way; a grammar that refuses an emitted token fails its request
+with its output cut.
 
 ``async_scheduling=True`` builds the previous step's outputs on a worker thread
 while each forward runs (see ``step``).
@@ -386,7 +387,8 @@ class LLMEngine:
             if request is not None:
                 self.output_processor.record_prompt_logprobs(request.prompt_logprobs, scored)
         if spec:  # before finished sequences are released: their last rows still count
-            spec.propose(result)
+            for request_id, exc in dict((seq.request_id, exc) for seq, exc in spec.propose(result)).items():
+                self._fail_request(request_id, exc)  # (its drafting raised: that request alone ends)
         for item in plan.scheduled:  # their full computed blocks become shareable (after the drafter ran)
             self.block_manager.cache_computed(item.seq)
         for seq, exc in self.structured.draft(result.seqs):  # the grammar's drafts, with or without a proposer

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 
 from ..paged import BlockManager, KVPool
+from .fault_isolation import find_failing
 from ..sequence import Sequence
 from ..spec_decode.config import SpeculativeConfig
 from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
@@ -94,21 +95,26 @@ class Speculator:
             self.stats.add(step)
             self.logger.record(step)
 
-    def propose(self, result: StepResult) -> None:
+    def propose(self, result: StepResult) -> list[tuple[Sequence, Exception]]:
         """Draft for the sequences of ``result`` still running (their drafts are priced on top of
-        one decode row each)."""
+        one decode row each). Returns the sequences whose requests make the proposer raise, with
+        the exception (the engine fails those requests; see ``_isolate``)."""
         seqs = [seq for seq in result.seqs if not seq.is_finished]
         if not seqs and result.target_hidden is None:
-            return  # (a proposer reading hidden states still sees the rows of prefill chunks)
+            return []  # (a proposer reading hidden states still sees the rows of prefill chunks)
         num_base_rows = len(seqs)
         batch_limit = self.batch_limits.num_spec_tokens(len({seq.request_id for seq in seqs}), len(seqs),
                                                         self.num_spec_tokens)
         limits = self.policy.limits(seqs, [min(batch_limit, self._max_num_drafts(seq)) for seq in seqs],
                                     num_base_rows, self.proposer.drafting_seconds)
         limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
-        drafts = self.proposer.propose(ProposeBatch(seqs, limits, result.target_hidden))
+        batch = ProposeBatch(seqs, limits, result.target_hidden)
+        try:
+            drafts = self.proposer.propose(batch)
+        except Exception as exc:  # a fault tied to some request: find it, the others draft again next step
+            return self._isolate(batch, exc)
         if not seqs:
-            return
+            return []
         nums = [min(num, limit) for num, limit in zip(drafts.num_draft_tokens, limits)]
         if drafts.confidence is not None:
             nums = self.policy.cut(nums, drafts.confidence, num_base_rows, [seq.num_tokens for seq in seqs])
@@ -116,6 +122,28 @@ class Speculator:
         for i, (seq, num) in enumerate(zip(seqs, nums)):
             seq.spec_token_ids = token_rows[i][:num]
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
+        return []
+
+    def _isolate(self, batch: ProposeBatch, error: Exception) -> list[tuple[Sequence, Exception]]:
+        """The requests whose sequences make ``propose`` raise, found by bisection (``fault_isolation``:
+        each trial proposes for a subset, with its target rows, and its drafts are dropped). No sequence
+        gets drafts this step; outputs do not depend on drafts, so the others' tokens stay as in a
+        clean run (a trial that raised may leave a drafter's state for its sequences behind, which
+        can only cost acceptance)."""
+        logger.exception("draftwise: drafting for %d sequences failed; finding the request(s) that cause it",
+                         len(batch.seqs))
+        groups: dict[str, list[tuple[Sequence, int]]] = {}
+        for seq, limit in zip(batch.seqs, batch.max_num_drafts):
+            groups.setdefault(seq.request_id, []).append((seq, limit))
+        group_list = list(groups.values())
+
+        def trial(items: list[tuple[Sequence, int]]) -> None:
+            ids = {seq.seq_id for seq, _ in items}
+            hidden = batch.target_hidden.subset(ids) if batch.target_hidden is not None else None
+            self.proposer.propose(ProposeBatch([seq for seq, _ in items], [limit for _, limit in items], hidden))
+
+        failing = find_failing(group_list, trial, error)
+        return [(seq, exc) for i, exc in failing.items() for seq, _ in group_list[i]]
 
     def _max_num_drafts(self, seq: Sequence) -> int:
         if seq.drafter_blocked:

@@ -79,6 +79,17 @@ class TargetHidden:
     seqs: list["Sequence"]  # every sequence scheduled this step, in row order
     starts: list[int]  # position of the first row of seqs[i] (rows are consecutive positions)
 
+    def subset(self, seq_ids: set[int]) -> "TargetHidden":
+        """The rows of the sequences in ``seq_ids`` alone."""
+        keep = [i for i, seq in enumerate(self.seqs) if seq.seq_id in seq_ids]
+        spans = [torch.arange(self.cu_num_tokens[i], self.cu_num_tokens[i + 1]) for i in keep]
+        rows = torch.cat(spans).to(self.hidden_states.device) if spans else torch.zeros(0, dtype=torch.int64)
+        cu = [0]
+        for span in spans:
+            cu.append(cu[-1] + len(span))
+        return TargetHidden(self.hidden_states[rows], [aux[rows] for aux in self.aux_hidden_states], cu,
+                            [self.seqs[i] for i in keep], [self.starts[i] for i in keep])
+
 
 @dataclass
 class ProposeBatch:
