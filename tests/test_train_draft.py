@@ -38,7 +38,7 @@ def data_dir(tiny_model_dir, tmp_path_factory):
 def options(data_dir, out, method, **kw) -> TrainOptions:
     base = dict(method=method, data=str(data_dir), out=str(out), epochs=8, lr=3e-3, batch_tokens=128,
                 ttt_steps=3, eval_steps=3, draft_vocab_size=64, num_heads=3, held_out_fraction=0.2,
-                warmup_steps=2, export_dtype="float32")
+                warmup_steps=2, export_dtype="float32", precision="float32")
     base.update(kw)
     return TrainOptions(**base)
 
@@ -176,3 +176,16 @@ def test_bundled_smollm2_eagle3_drafter(monkeypatch):
     spec = llm.chat(chats, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
     assert llm.get_spec_decode_stats()["spec_decode_mean_acceptance_length"] > 1.3  # an untrained drafter: ~1.0
+
+
+def test_bfloat16_training_learns_and_resumes_in_its_precision(data_dir, tmp_path):
+    """Autocast bf16 (chosen, or measured by ``auto``): the loss falls, and a resumed run keeps the
+    precision its first epochs ran in whatever a new measurement would say."""
+    summary = train_draft(options(data_dir, tmp_path / "bf16", "eagle3", epochs=4, precision="bfloat16"))
+    losses = [h["train_loss"] for h in summary["history"]]
+    assert summary["precision"] == "bfloat16" and losses[-1] < 0.95 * losses[0], losses
+    resumed = train_draft(options(data_dir, tmp_path / "bf16", "eagle3", epochs=5, precision="float32",
+                                  resume=True))
+    assert resumed["precision"] == "bfloat16"
+    with pytest.raises(ValueError, match="--precision"):
+        train_draft(options(data_dir, tmp_path / "bad", "eagle3", precision="fp8"))

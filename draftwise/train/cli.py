@@ -62,6 +62,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--held-out-fraction", type=float, default=d.held_out_fraction)
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     parser.add_argument("--export-dtype", default=d.export_dtype, help="bfloat16, float16 or float32")
+    parser.add_argument("--precision", default=d.precision,
+                        help="matrix products in float32, bfloat16 (autocast) or auto (measured at start-up)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
 
@@ -71,7 +73,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
 
     keys = ("method", "data", "out", "model", "epochs", "lr", "batch_tokens", "ttt_steps", "eval_steps",
             "draft_vocab_size", "draft_vocab_coverage", "num_heads", "num_head_layers", "held_out_fraction",
-            "warmup_steps", "seed", "resume", "export_dtype")
+            "warmup_steps", "seed", "resume", "export_dtype", "precision")
     summary = train_draft(TrainOptions(**{k: getattr(args, k) for k in keys}))
     last = summary["history"][-1] if summary["history"] else {}
     print(json.dumps({"out": args.out, **{k: v for k, v in summary.items() if k != "history"}, "last_epoch": last}))

@@ -32,6 +32,8 @@ from tqdm.auto import tqdm
 from . import methods  # noqa: F401  (registers the trainable drafters)
 from .dataset import Batch, Dataset, DraftVocab, batches, load_dataset, make_batch
 from .evaluate import evaluate
+from .precision import CHOICES as PRECISIONS
+from .precision import autocast, use_bfloat16
 from .trainable import TRAINERS, TargetParts, TrainableDrafter, shift_left
 
 STATE = "trainer_state.pt"
@@ -46,7 +48,7 @@ class TrainOptions:
     epochs: int = 3
     lr: float = 5e-4
     batch_tokens: int = 4096
-    ttt_steps: int = 3  # draft steps unrolled in training (chain drafters)
+    ttt_steps: int = 4  # draft steps unrolled in training (chain drafters): the deepest K served
     eval_steps: int = 5
     draft_vocab_size: int = 8192  # the most it holds
     draft_vocab_coverage: float | None = None  # else: the fewest tokens covering this share of answers
@@ -57,6 +59,7 @@ class TrainOptions:
     seed: int = 0
     resume: bool = False
     export_dtype: str = "bfloat16"
+    precision: str = "auto"  # matrix products in float32 or bfloat16 (precision.py)
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:
@@ -69,6 +72,8 @@ class TrainOptions:
             raise ValueError(f"--lr must be a positive number, got {self.lr}")
         if not 0 <= self.held_out_fraction < 1:
             raise ValueError(f"--held-out-fraction must be in [0, 1), got {self.held_out_fraction}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.export_dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--export-dtype must be bfloat16, float16 or float32, got {self.export_dtype!r}")
 
@@ -87,7 +92,8 @@ def soft_targets(model: TrainableDrafter, target: TargetParts, data: Dataset, ba
 
 
 def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of draft ``logits`` [N, V] against soft [N, V] or hard [N] labels."""
+    """Mean cross-entropy of draft ``logits`` [N, V] against soft [N, V] or hard [N] labels (in fp32)."""
+    logits = logits.float()
     if labels.dim() == 1:
         keep = labels >= 0
         return F.cross_entropy(logits[keep], labels[keep]) if keep.any() else logits.new_zeros(())
@@ -97,7 +103,7 @@ def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def batch_loss(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch,
                num_steps: int) -> tuple[torch.Tensor, float]:
     """(loss, step-0 top-1 agreement with the target on scored positions)."""
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the target's distribution in fp32
         labels = soft_targets(model, target, data, batch)
     states, loss = model.unroll(batch, num_steps)
     agree = 0.0
@@ -163,6 +169,8 @@ class _Run:
         per_epoch = len(batches(self.train, opts.batch_tokens, None))
         self.scheduler = _schedule(self.optimizer, opts.warmup_steps, per_epoch * opts.epochs)
         self.history, self.first_epoch = [], 0
+        # a resumed run keeps the precision it started with (a new measurement could choose the other)
+        self.bf16 = saved["bf16"] if saved and "bf16" in saved else use_bfloat16(opts.precision, torch.device("cpu"))
         if saved:  # a larger --epochs than before stretches the cosine to the new total
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -189,14 +197,16 @@ class _Run:
                 "draft_vocab_coverage": round(self.model.vocab.coverage(self.train), 4),
                 "held_out_draft_vocab_coverage":
                     round(self.model.vocab.coverage(self.held_out), 4) if self.held_out else None,
-                "num_parameters": sum(p.numel() for p in self.model.parameters()), "history": self.history}
+                "num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "precision": "bfloat16" if self.bf16 else "float32", "history": self.history}
 
     def save(self, epoch: int) -> None:
         """The drafter in its public layout, the resumable state, and the log, each replaced atomically."""
         self.model.export(self.out, getattr(torch, self.opts.export_dtype))
         state = {"method": self.opts.method, "epoch": epoch, "model": self.model.state_dict(),
                  "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "draft_ids": self.model.vocab.draft_ids, "history": self.history, "options": asdict(self.opts)}
+                 "draft_ids": self.model.vocab.draft_ids, "history": self.history, "options": asdict(self.opts),
+                 "bf16": self.bf16}
         torch.save(state, self.out / (STATE + ".tmp"))
         (self.out / (STATE + ".tmp")).replace(self.out / STATE)
         (self.out / "train_log.json").write_text(json.dumps(self.summary(), indent=1))
@@ -229,7 +239,8 @@ def _train_epoch(run: _Run, epoch: int) -> tuple[float, float]:
     total_loss = total_agree = 0.0
     bar = tqdm(groups, desc=f"epoch {epoch + 1}/{run.opts.epochs}", dynamic_ncols=True)
     for n, group in enumerate(bar, start=1):
-        loss, agree = batch_loss(run.model, run.target, run.data, make_batch(group), run.num_steps)
+        with autocast(run.bf16, torch.device("cpu")):
+            loss, agree = batch_loss(run.model, run.target, run.data, make_batch(group), run.num_steps)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
