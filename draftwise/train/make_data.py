@@ -35,6 +35,7 @@ from tqdm import tqdm
 from ..llm import LLM
 from ..models.loader import SMOLLM2_NAME
 from ..sampling_params import SamplingParams
+from ..spec_decode.drafter_networks import eagle3_layer_ids
 from ..workloads import WORKLOADS, BenchPrompt, load_workload
 from .answers import AnswerLog, AnswerPlan, answer_all
 from .prompts import load_instruct
@@ -64,11 +65,6 @@ def load_prompts(sources: list[str], num_samples: int | None, seed: int) -> tupl
     if MAGPIE in sources:
         return prompts, num_samples or 1000
     return (prompts[:num_samples] if num_samples is not None else prompts), 0
-
-
-def eagle3_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's auxiliary layers (2, L // 2, L - 3), kept inside [0, L] for very shallow models."""
-    return [min(2, num_layers), num_layers // 2, max(0, num_layers - 3)]
 
 
 def default_layer_ids(num_layers: int) -> list[int]:

@@ -19,7 +19,8 @@ from torch import nn
 
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, require_model
-from ..drafter_modules import RopeCache, check_width, decoder_layer, input_dtype, linear, own_embedding, place
+from ..drafter_modules import RopeCache, check_width, decoder_layer, linear, own_embedding, place
+from ..drafter_networks import eagle_step
 from ..interface import ProposerNeeds, register
 
 
@@ -40,10 +41,10 @@ class Eagle1Model(ChainModel):
         place(self, target)
 
     def _forward(self, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
-        x = torch.cat((self.embed(token_ids), hidden.float()), dim=-1)
-        x = self.fc(x.to(input_dtype(self.fc))).float()
+        layer = self.layers[0]
         cos, sin = self.rope(positions)
-        return self.layers[0](x, cos, sin, kv_cache[0], meta)
+        return eagle_step(self.fc, layer, self.embed(token_ids), hidden,
+                          lambda x: layer.attend(x, cos, sin, kv_cache[0], meta))
 
     def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         return self._forward(batch.token_ids, batch.positions, batch.target_features, kv_cache, batch.meta)

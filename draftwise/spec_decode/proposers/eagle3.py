@@ -10,7 +10,8 @@ equal), ``t2d`` (unused), optionally ``embed_tokens.weight``.
 
 The auxiliary states are the inputs of target layers
 ``eagle_aux_hidden_state_layer_ids`` (config.json, top level or in
-``eagle_config``; default (2, L // 2, L - 3) as in EAGLE-3 and vLLM).
+``eagle_config``; default (2, L // 2, L - 3) as in EAGLE-3 and vLLM). The network is
+``drafter_networks.eagle3_step``, the one ``train-draft`` trains.
 Position ``p``: ingestion feeds ``fc(concat(aux states of p))``, chain steps
 the previous pre-norm output; the residual is that input (or its
 ``hidden_norm`` with ``norm_before_residual``). Drafts are
@@ -24,6 +25,7 @@ from torch import nn
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, load_drafter, require_model
 from ..drafter_modules import RopeCache, check_width, decoder_layer, input_dtype, linear, norm, own_embedding, place
+from ..drafter_networks import eagle3_layer_ids, eagle3_step
 from ..interface import ProposerNeeds, register
 
 
@@ -31,7 +33,7 @@ def aux_layer_ids(config: dict, num_target_layers: int, what: str) -> tuple[int,
     ids = config.get("eagle_aux_hidden_state_layer_ids") or \
         (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     if ids is None:
-        ids = (2, num_target_layers // 2, num_target_layers - 3)
+        ids = eagle3_layer_ids(num_target_layers)
     ids = tuple(ids)
     if not ids or not all(isinstance(i, int) and 0 <= i <= num_target_layers for i in ids):
         raise ValueError(f"{what}: eagle_aux_hidden_state_layer_ids={list(ids)} must be layer ids in "
@@ -76,11 +78,9 @@ class Eagle3Model(ChainModel):
 
     def _forward(self, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         layer = self.layers[0]
-        normed = self.hidden_norm(hidden)
-        residual = normed if self.norm_before_residual else hidden.float()
-        attn_in = torch.cat((layer.input_norm(self.embed(token_ids)), normed), dim=-1)
         cos, sin = self.rope(positions)
-        return layer.feed_forward(residual + layer.attend(attn_in, cos, sin, kv_cache[0], meta))
+        return eagle3_step(self.hidden_norm, layer, self.embed(token_ids), hidden,
+                           lambda h: layer.attend(h, cos, sin, kv_cache[0], meta), self.norm_before_residual)
 
     def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         hidden = self.fc(batch.target_features.to(input_dtype(self.fc))).float()

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...validate import PREFIX, check_int
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter, tensor_names, weight_files
 from ..drafter_modules import check_width, input_dtype, linear, place
+from ..drafter_networks import medusa_head
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 
 
@@ -68,10 +68,7 @@ class MedusaHeads(nn.Module):
         dtype = input_dtype(self.lm_heads[0])
         out = []
         for blocks, lm_head in zip(self.blocks[:num_heads], self.lm_heads[:num_heads]):
-            x = hidden.to(dtype)
-            for block in blocks:
-                x = x + F.silu(block(x))
-            out.append(lm_head(x).argmax(dim=-1))
+            out.append(lm_head(medusa_head(blocks, hidden.to(dtype))).argmax(dim=-1))
         return self.token_map[torch.stack(out, dim=1)]
 
 

@@ -26,6 +26,7 @@ from ...validate import PREFIX
 from ..chain_drafter import ChainModel, ChainProposer, IngestBatch
 from ..drafter_checkpoint import DrafterCheckpoint, declared_config, load_drafter
 from ..drafter_modules import RopeCache, decoder_layer, input_dtype, linear, norm, own_embedding, place
+from ..drafter_networks import mtp_step
 from ..interface import ProposerNeeds, register
 
 
@@ -58,11 +59,10 @@ class MtpModel(ChainModel):
 
     def _forward(self, j: int, token_ids, positions, hidden, kv_cache, meta) -> torch.Tensor:
         mtp = self.mtp[j]
-        e = self.embed(token_ids) * (positions != 0)[:, None]
-        x = torch.cat((mtp.enorm(e), mtp.hnorm(hidden)), dim=-1)
-        x = mtp.eh_proj(x.to(input_dtype(mtp.eh_proj))).float()
+        embeds = self.embed(token_ids) * (positions != 0)[:, None]  # position 0 reads no embedding
         cos, sin = self.rope(positions)
-        return mtp.layer(x, cos, sin, kv_cache[j], meta)
+        return mtp_step(mtp.enorm, mtp.hnorm, mtp.eh_proj, mtp.layer, embeds, hidden,
+                        lambda h: mtp.layer.attend(h, cos, sin, kv_cache[j], meta))
 
     def ingest(self, batch: IngestBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         cu = batch.cu_num_rows

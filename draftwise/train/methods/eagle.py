@@ -1,14 +1,13 @@
 """Training an EAGLE-1 drafter (the ``eagle`` proposer's network).
 
-Network as ``spec_decode/proposers/eagle.py``: ``g = layer(fc([embed(token) ; h]))`` with a
-decoder layer that has no input norm; ``h`` is the target's final-norm hidden state
-(step 0) or the drafter's previous output; the target's lm_head (frozen, shared, not
-saved) turns ``g`` into logits. As in EAGLE-1, ``g`` is also regressed onto the target's
-next feature (smooth L1) so that chained steps read something like the target's states;
-the classification loss uses the lm_head rows of the draft vocabulary. Export: SafeAILab
-EAGLE layout (``fc.weight``, ``layers.0.*`` without ``input_layernorm``; Llama config
-with one layer).
-"""
+Network ``spec_decode/drafter_networks.eagle_step``, as the proposer runs it: ``g =
+layer(fc([embed(token) ; h]))`` with a decoder layer that has no input norm; ``h`` is the
+target's final-norm hidden state (step 0) or the drafter's previous output; the target's lm_head
+(frozen, shared, not saved) turns ``g`` into logits. As in EAGLE-1, ``g`` is also regressed onto
+the target's next feature (smooth L1) so that chained steps read something like the target's
+states; the classification loss uses the lm_head rows of the draft vocabulary. Export: SafeAILab
+EAGLE layout (``fc.weight``, ``layers.0.*`` without ``input_layernorm``; Llama config with one
+layer)."""
 from __future__ import annotations
 
 import torch
@@ -17,6 +16,7 @@ from torch import nn
 
 from ...models.decoder import ArchSpec, DecoderLayer
 from ...spec_decode.drafter_modules import RopeCache
+from ...spec_decode.drafter_networks import eagle_step
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register, shift_left
 from ..ttt import ttt_attend
@@ -44,8 +44,8 @@ class EagleTrainable(ChainTrainable):
         return self.final_state(batch)
 
     def step(self, step, token_ids, hidden, cache) -> torch.Tensor:
-        x = self.fc(torch.cat((self.embed[token_ids], hidden), dim=-1))
-        return self.layer.feed_forward(x + ttt_attend(self.layer, x, self.rope, step, cache))
+        return eagle_step(self.fc, self.layer, self.embed[token_ids], hidden,
+                          lambda x: ttt_attend(self.layer, x, self.rope, step, cache))
 
     def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
         return rows @ self.head.T

@@ -1,14 +1,13 @@
 """Training an EAGLE-3 drafter (the ``eagle3`` proposer's network, trained with training-time test).
 
-Network as ``spec_decode/proposers/eagle3.py``: ``fc`` [H, 3H] over the target's aux states
-(inputs of layers (2, L // 2, L - 3)), one decoder layer whose q/k/v read
-[input_layernorm(embed(token)) ; hidden_norm(h)], ``norm``, ``lm_head`` over the
-reduced draft vocabulary. Starts from the target: ``lm_head`` = the target's lm_head
-rows of the draft vocabulary, ``norm`` = its final norm; embeddings stay the target's
-(frozen, not saved). Export: EAGLE-3 / vLLM layout (``midlayer.*``, ``fc``, ``norm``,
-``lm_head``, ``d2t``, ``t2d``; ``LlamaForCausalLMEagle3`` config with
-``draft_vocab_size`` and ``eagle_config.eagle_aux_hidden_state_layer_ids``).
-"""
+Network ``spec_decode/drafter_networks.eagle3_step``, as the proposer runs it: ``fc`` [H, 3H]
+over the target's aux states (inputs of layers (2, L // 2, L - 3)), one decoder layer whose
+q/k/v read [input_layernorm(embed(token)) ; hidden_norm(h)], ``norm``, ``lm_head`` over the
+reduced draft vocabulary. Starts from the target: ``lm_head`` = the target's lm_head rows of the
+draft vocabulary, ``norm`` = its final norm; embeddings stay the target's (frozen, not saved).
+Export: EAGLE-3 / vLLM layout (``midlayer.*``, ``fc``, ``norm``, ``lm_head``, ``d2t``, ``t2d``;
+``LlamaForCausalLMEagle3`` config with ``draft_vocab_size`` and
+``eagle_config.eagle_aux_hidden_state_layer_ids``)."""
 from __future__ import annotations
 
 import torch
@@ -17,8 +16,8 @@ from torch import nn
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
 from ...spec_decode.drafter_modules import RopeCache
+from ...spec_decode.drafter_networks import eagle3_layer_ids, eagle3_step
 from ..dataset import Batch, DraftVocab
-from ..make_data import eagle3_layer_ids
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
 from ..ttt import ttt_attend
 
@@ -53,11 +52,8 @@ class Eagle3Trainable(ChainTrainable):
         return self.fc(aux.flatten(2).float())
 
     def step(self, step, token_ids, hidden, cache) -> torch.Tensor:
-        layer = self.layer
-        normed = self.hidden_norm(hidden)
-        attn_in = torch.cat((layer.input_norm(self.embed[token_ids]), normed), dim=-1)
-        x = hidden + ttt_attend(layer, attn_in, self.rope, step, cache)
-        return layer.feed_forward(x)
+        return eagle3_step(self.hidden_norm, self.layer, self.embed[token_ids], hidden,
+                           lambda h: ttt_attend(self.layer, h, self.rope, step, cache))
 
     def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(rows))

@@ -11,9 +11,9 @@ offset. Export (vLLM ``MedusaModel``): ``blocks.{i}.layers.{j}.{weight,bias}``,
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ...spec_decode.drafter_networks import medusa_head
 from ..dataset import Batch, DraftVocab
 from ..trainable import TargetParts, TrainableDrafter, register
 
@@ -42,10 +42,7 @@ class MedusaTrainable(TrainableDrafter):
         hidden = self.final_state(batch)
         states = []
         for blocks in self.blocks[:num_steps]:
-            x = hidden
-            for block in blocks:
-                x = x + F.silu(block(x))
-            states.append(x)
+            states.append(medusa_head(blocks, hidden))
         return states, hidden.new_zeros(())
 
     def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:

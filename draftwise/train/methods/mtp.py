@@ -1,13 +1,12 @@
 """Training a multi-token-prediction layer (the ``mtp`` proposer's network, DeepSeek-V3 style).
 
-Network as ``spec_decode/proposers/mtp.py`` with one MTP layer: ``x = eh_proj([enorm(embed(token)) ;
-hnorm(h)])`` (embedding zeroed at position 0), a full decoder layer, ``shared_head.norm``
-and the target's lm_head (frozen, shared, not saved). ``h`` is the target's final-norm
-state at step 0 and the layer's own output after that (K > 1 reuses the layer, as vLLM
-does), so training unrolls it with training-time test. Export: the target's config with
-``num_nextn_predict_layers: 1`` and the layer as ``model.layers.{L}.*``, which the ``mtp``
-proposer reads from ``speculative_config["model"]``.
-"""
+Network ``spec_decode/drafter_networks.mtp_step`` (as the proposer runs it) with one MTP layer:
+``x = eh_proj([enorm(embed(token)) ; hnorm(h)])`` (embedding zeroed at position 0), a full
+decoder layer, ``shared_head.norm`` and the target's lm_head (frozen, shared, not saved). ``h``
+is the target's final-norm state at step 0 and the layer's own output after that (K > 1 reuses
+the layer, as vLLM does), so training unrolls it with training-time test. Export: the target's
+config with ``num_nextn_predict_layers: 1`` and the layer as ``model.layers.{L}.*``, which the
+``mtp`` proposer reads from ``speculative_config["model"]``."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
 from ...spec_decode.drafter_modules import RopeCache
+from ...spec_decode.drafter_networks import mtp_step
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
 from ..ttt import ttt_attend
@@ -47,9 +47,8 @@ class MtpTrainable(ChainTrainable):
         if step == 0:
             e = e.clone()
             e[:, 0] = 0  # position 0 reads no embedding (as DeepSeek's MTP)
-        x = self.eh_proj(torch.cat((self.enorm(e), self.hnorm(hidden)), dim=-1))
-        x = x + ttt_attend(self.layer, self.layer.input_norm(x), self.rope, step, cache)
-        return self.layer.feed_forward(x)
+        return mtp_step(self.enorm, self.hnorm, self.eh_proj, self.layer, e, hidden,
+                        lambda h: ttt_attend(self.layer, h, self.rope, step, cache))
 
     def logits(self, step: int, rows: torch.Tensor) -> torch.Tensor:
         return self.head_norm(rows) @ self.head.T
