@@ -14,7 +14,7 @@ ARCTIC := arctic-inference==0.3.0
 LLAMACPP ?= .venv-llamacpp
 LLAMACPP_PKG := llama-cpp-python==0.3.36
 
-.PHONY: install demo test bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
+.PHONY: install demo test docs bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+docs: install  # build the site strictly (broken links fail), then serve it on 127.0.0.1:8000
+	$(VENV)/bin/mkdocs build --strict && $(VENV)/bin/mkdocs serve
 
 bench: install
 	$(PY) benchmarks/bench_decode.py
