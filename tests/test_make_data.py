@@ -147,6 +147,11 @@ def test_the_draft_vocabulary_can_be_picked_by_coverage(tiny_model_dir, tmp_path
         assert vocab.coverage(samples) >= coverage  # enough ...
         smaller = DraftVocab.most_frequent(samples, vocab.size - 1, 400)
         assert smaller.coverage(samples) < coverage  # ... and no more than needed
+    train, held = samples[: len(samples) // 2], samples[len(samples) // 2:]  # judged on held-out answers
+    num_seen = len({int(t) for s in train for t in s.token_ids[s.num_prompt_tokens:]})
+    goal = 0.8 * DraftVocab.most_frequent(train, num_seen, 400).coverage(held)  # reachable from training
+    vocab = DraftVocab.covering(train, goal, max_size=400, vocab_size=400, held_out=held)
+    assert vocab.coverage(held) >= goal > DraftVocab.most_frequent(train, vocab.size - 1, 400).coverage(held)
     assert DraftVocab.covering(samples, 1.0, max_size=8, vocab_size=400).size == 8
     with pytest.raises(ValueError, match="--draft-vocab-coverage"):
         DraftVocab.covering(samples, 1.5, max_size=8, vocab_size=400)

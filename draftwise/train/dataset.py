@@ -15,6 +15,7 @@ exists (``num_prompt_tokens - 1 <= q <= T - 2``): the positions a drafter is sco
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,25 +92,27 @@ class DraftVocab:
     def most_frequent(cls, samples: list[Sample], size: int, vocab_size: int) -> "DraftVocab":
         if not 1 <= size <= vocab_size:
             raise ValueError(f"--draft-vocab-size must be in [1, {vocab_size}] (the target's vocabulary), got {size}")
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for s in samples:
-            counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
+        counts = _answer_counts(samples, vocab_size)
         # ties (e.g. unseen tokens) broken by id so the choice is reproducible
         order = torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
         return cls(torch.sort(order[:size]).values, vocab_size)
 
     @classmethod
-    def covering(cls, samples: list[Sample], coverage: float, max_size: int, vocab_size: int) -> "DraftVocab":
-        """The fewest most frequent answer tokens that cover ``coverage`` of ``samples``' answer tokens
-        (at most ``max_size``)."""
+    def covering(cls, samples: list[Sample], coverage: float, max_size: int, vocab_size: int,
+                 held_out: list[Sample] | None = None) -> "DraftVocab":
+        """The fewest of ``samples``' most frequent answer tokens that cover ``coverage`` of the answer
+        tokens of ``held_out`` (of ``samples`` where there is none), at most ``max_size``."""
         if not 0 < coverage <= 1:
             raise ValueError(f"--draft-vocab-coverage must be in (0, 1], got {coverage}")
-        counts = torch.zeros(vocab_size, dtype=torch.int64)
-        for s in samples:
-            counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
-        shares = torch.sort(counts, descending=True).values.cumsum(0).double() / max(1, int(counts.sum()))
-        size = int(torch.searchsorted(shares, torch.tensor([coverage], dtype=torch.float64))[0]) + 1
-        return cls.most_frequent(samples, min(size, max_size, vocab_size), vocab_size)
+        counts = _answer_counts(samples, vocab_size)
+        order = torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
+        rank = torch.empty(vocab_size, dtype=torch.int64)
+        rank[order] = torch.arange(vocab_size)
+        rank[counts == 0] = vocab_size  # never seen in training: no size covers it
+        judged = held_out or samples
+        ranks = torch.sort(rank[torch.cat([s.token_ids[s.num_prompt_tokens:] for s in judged])]).values
+        needed = int(ranks[max(0, math.ceil(coverage * len(ranks)) - 1)]) + 1
+        return cls.most_frequent(samples, max(1, min(needed, max_size, vocab_size)), vocab_size)
 
     @classmethod
     def from_d2t(cls, d2t: torch.Tensor, vocab_size: int) -> "DraftVocab":
@@ -139,6 +142,13 @@ class DraftVocab:
         """Share of answer tokens inside the draft vocabulary."""
         answers = torch.cat([s.token_ids[s.num_prompt_tokens:] for s in samples])
         return float(self.t2d[answers].float().mean())
+
+
+def _answer_counts(samples: list[Sample], vocab_size: int) -> torch.Tensor:  # [vocab_size] int64
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in samples:
+        counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 @dataclass

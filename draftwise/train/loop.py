@@ -159,7 +159,8 @@ class _Run:
         if saved:
             vocab = DraftVocab(saved["draft_ids"], vocab_size)
         elif opts.draft_vocab_coverage is not None:
-            vocab = DraftVocab.covering(self.train, opts.draft_vocab_coverage, opts.draft_vocab_size, vocab_size)
+            vocab = DraftVocab.covering(self.train, opts.draft_vocab_coverage, opts.draft_vocab_size, vocab_size,
+                                        self.held_out)
         else:
             vocab = DraftVocab.most_frequent(self.train, min(opts.draft_vocab_size, vocab_size), vocab_size)
         self.model = build(opts, self.data, self.target, vocab)
