@@ -14,7 +14,7 @@ ARCTIC := arctic-inference==0.3.0
 LLAMACPP ?= .venv-llamacpp
 LLAMACPP_PKG := llama-cpp-python==0.3.36
 
-.PHONY: install demo test docs bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
+.PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,14 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+DRAFTER_DATA ?= .data/magpie-smollm2
+DRAFTER_OUT ?= .data/eagle3-smollm2
+drafter: install  # the bundled model's EAGLE-3 head from scratch; both steps resume where they stopped
+	test -f $(DRAFTER_DATA)/manifest.json || $(VENV)/bin/draftwise make-data --prompts magpie --num-samples 12000 --chunk-size 512 --max-tokens 256 \
+		--out $(DRAFTER_DATA)
+	$(VENV)/bin/draftwise train-draft --method eagle3 --data $(DRAFTER_DATA) --out $(DRAFTER_OUT) --epochs 3 \
+		--ttt-steps 4 --draft-vocab-coverage 0.98 --draft-vocab-size 16384 $(if $(wildcard $(DRAFTER_OUT)/trainer_state.pt),--resume)
 
 docs: install  # build the site strictly (broken links fail), then serve it on 127.0.0.1:8000
 	$(VENV)/bin/mkdocs build --strict && $(VENV)/bin/mkdocs serve
