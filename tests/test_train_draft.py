@@ -189,3 +189,20 @@ def test_bfloat16_training_learns_and_resumes_in_its_precision(data_dir, tmp_pat
     assert resumed["precision"] == "bfloat16"
     with pytest.raises(ValueError, match="--precision"):
         train_draft(options(data_dir, tmp_path / "bad", "eagle3", precision="fp8"))
+
+
+def test_eagle3_reads_the_aux_layers_it_is_given(data_dir, tmp_path, tiny_model_dir, tiny_llm):
+    """``--aux-layer-ids``: the head reads those target layers (the last output included) and the engine,
+    reading them from the exported config, keeps greedy outputs."""
+    out = tmp_path / "aux"
+    train_draft(options(data_dir, out, "eagle3", epochs=2, aux_layer_ids=[1, 2]))
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2]
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].shape == (64, 2 * 64)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0,
+              speculative_config={"method": "eagle3", "model": str(out), "num_speculative_tokens": 3})
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], params, use_tqdm=False)] == \
+        [o.outputs[0].token_ids for o in tiny_llm.generate(PROMPTS[:3], params, use_tqdm=False)]
+    with pytest.raises(ValueError, match="layer 5"):
+        train_draft(options(data_dir, tmp_path / "bad", "eagle3", aux_layer_ids=[1, 5]))

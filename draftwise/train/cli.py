@@ -62,6 +62,8 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--held-out-fraction", type=float, default=d.held_out_fraction)
     parser.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     parser.add_argument("--export-dtype", default=d.export_dtype, help="bfloat16, float16 or float32")
+    parser.add_argument("--aux-layer-ids", default=None,
+                        help="eagle3: comma-separated target layers it reads (default 2,L//2,L-3; L = the last output)")
     parser.add_argument("--precision", default=d.precision,
                         help="matrix products in float32, bfloat16 (autocast) or auto (measured at start-up)")
     parser.add_argument("--seed", type=int, default=d.seed)
@@ -74,7 +76,8 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
     keys = ("method", "data", "out", "model", "epochs", "lr", "batch_tokens", "ttt_steps", "eval_steps",
             "draft_vocab_size", "draft_vocab_coverage", "num_heads", "num_head_layers", "held_out_fraction",
             "warmup_steps", "seed", "resume", "export_dtype", "precision")
-    summary = train_draft(TrainOptions(**{k: getattr(args, k) for k in keys}))
+    aux = _int_list("--aux-layer-ids", args.aux_layer_ids) if args.aux_layer_ids else None
+    summary = train_draft(TrainOptions(**{k: getattr(args, k) for k in keys}, aux_layer_ids=aux))
     last = summary["history"][-1] if summary["history"] else {}
     print(json.dumps({"out": args.out, **{k: v for k, v in summary.items() if k != "history"}, "last_epoch": last}))
     return 0

@@ -60,6 +60,7 @@ class TrainOptions:
     resume: bool = False
     export_dtype: str = "bfloat16"
     precision: str = "auto"  # matrix products in float32 or bfloat16 (precision.py)
+    aux_layer_ids: list[int] | None = None  # eagle3: the target layers it reads (default 2, L // 2, L - 3)
     extra: dict = field(default_factory=dict)
 
     def check(self) -> None:

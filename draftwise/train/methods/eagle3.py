@@ -28,7 +28,7 @@ class Eagle3Trainable(ChainTrainable):
 
     @classmethod
     def needed_layers(cls, target: TargetParts, options: dict) -> list[int]:
-        return eagle3_layer_ids(target.num_layers)
+        return list(options.get("aux_layer_ids") or eagle3_layer_ids(target.num_layers))
 
     def __init__(self, target: TargetParts, vocab: DraftVocab, options: dict):
         super().__init__(target, vocab, options)
