@@ -56,6 +56,29 @@ def test_long_contexts_split_into_chunks_merge_exactly(query_lens, context_lens,
     torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 48])
+def test_a_row_does_not_depend_on_the_rows_after_it(dtype, head_dim):
+    """Position p's output, bit for bit, whether p is decoded alone or verified with 1-5 draft rows
+    after it (its chunk then holds more keys): speculation must not change what plain decoding
+    computes. Contexts put p at every offset within a 16-key vector and across a chunk's end."""
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randperm(NUM_BLOCKS, generator=gen)[:40].view(1, 40)
+    cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, head_dim, generator=gen).to(dtype)
+    for position in [5, 96, 100, 101, 102, 110, 126, 127, 130, 300]:
+        q = torch.randn(6, HEADS, head_dim, generator=gen).to(dtype)
+        k, v = (torch.randn(6, KV_HEADS, head_dim, generator=gen).to(dtype) for _ in range(2))
+        alone = None
+        for num_rows in range(1, 7):
+            meta = with_paged_kernel(build_metadata(table, [num_rows], [position + num_rows], BLOCK_SIZE, None,
+                                                    torch.device("cpu")))
+            out = paged_attention(q[:num_rows], k[:num_rows], v[:num_rows], cache.clone(), meta, head_dim ** -0.5,
+                                  False)
+            if alone is None:
+                alone = out[0]
+            assert torch.equal(out[0], alone), (position, num_rows)
+
+
 @pytest.mark.parametrize("sliding", [True, False])
 def test_a_window_across_chunks_hides_the_early_chunks(sliding):
     """Queries whose window starts in a later chunk than the first visible key of the sequence."""

@@ -124,12 +124,20 @@ void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cac
     visible(p, ctx - num_q + r / p.group, it.first_key, it.end_key, &lo, &hi);
     float* row = scores + r * num_keys;
     lo -= it.first_key, hi -= it.first_key;
-    float top = kNoScore, total = 0.f;
+    float top = kNoScore;
     for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
-    for (int64_t j = 0; j < num_keys; ++j) {
-      row[j] = (j >= lo && j < hi) ? std::exp(row[j] - top) : 0.f;
-      total += row[j];
-    }
+    // exp and sum over the visible keys alone, in an aligned buffer: a row's numbers then depend on
+    // its own keys only, not on how many keys the chunk holds past them (more when its sequence
+    // verifies several rows this step) nor where the row sits in `scores` (vectorized loops split
+    // their work into body and tail by trip count and alignment).
+    alignas(64) float numerators[kChunkKeys];
+    const int64_t seen = std::max<int64_t>(0, hi - lo);
+    for (int64_t j = 0; j < seen; ++j) numerators[j] = row[lo + j] - top;
+    for (int64_t j = 0; j < seen; ++j) numerators[j] = std::exp(numerators[j]);
+    float total = 0.f;
+    for (int64_t j = 0; j < seen; ++j) total += numerators[j];
+    std::fill(row, row + num_keys, 0.f);
+    std::memcpy(row + std::max<int64_t>(lo, 0), numerators, seen * sizeof(float));
     row_max[r] = top, row_sum[r] = total;
   }
   std::fill(acc, acc + rows * D, 0.f);
