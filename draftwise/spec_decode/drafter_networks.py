@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .drafter_modules import input_dtype
+
 Attend = Callable[[torch.Tensor], torch.Tensor]  # [rows, in_features] -> [rows, hidden]
 
 
@@ -30,14 +32,9 @@ def eagle3_layer_ids(num_layers: int) -> list[int]:
     return [min(2, num_layers), num_layers // 2, max(0, num_layers - 3)]
 
 
-def _dtype(module: nn.Module) -> torch.dtype:
-    weight = getattr(module, "weight", None)
-    return weight.dtype if weight is not None else torch.float32  # GGUF blocks take fp32
-
-
 def eagle_step(fc: nn.Module, layer: nn.Module, embeds: torch.Tensor, hidden: torch.Tensor,
                attend: Attend) -> torch.Tensor:
-    x = fc(torch.cat((embeds, hidden.float()), dim=-1).to(_dtype(fc))).float()
+    x = fc(torch.cat((embeds, hidden.float()), dim=-1).to(input_dtype(fc))).float()
     return layer.feed_forward(x + attend(x))
 
 
@@ -50,7 +47,7 @@ def eagle3_step(hidden_norm: nn.Module, layer: nn.Module, embeds: torch.Tensor, 
 
 def mtp_step(enorm: nn.Module, hnorm: nn.Module, eh_proj: nn.Module, layer: nn.Module, embeds: torch.Tensor,
              hidden: torch.Tensor, attend: Attend) -> torch.Tensor:
-    x = eh_proj(torch.cat((enorm(embeds), hnorm(hidden)), dim=-1).to(_dtype(eh_proj))).float()
+    x = eh_proj(torch.cat((enorm(embeds), hnorm(hidden)), dim=-1).to(input_dtype(eh_proj))).float()
     return layer.feed_forward(x + attend(layer.input_norm(x)))
 
 

@@ -41,8 +41,8 @@ class SuffixMix(Proposer):
     method = "suffix_mix"
 
     def __init__(self, model: Proposer, suffix: Proposer):
+        super().__init__(model.config, model.target)
         self.model, self.suffix = model, suffix
-        self.config, self.options, self.target = model.config, model.options, model.target
         self.counts = {SUFFIX: SourceCounts(), MODEL: SourceCounts()}
         self._source: dict[int, str] = {}  # seq_id -> source of its drafts being verified
 

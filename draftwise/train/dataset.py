@@ -92,9 +92,7 @@ class DraftVocab:
     def most_frequent(cls, samples: list[Sample], size: int, vocab_size: int) -> "DraftVocab":
         if not 1 <= size <= vocab_size:
             raise ValueError(f"--draft-vocab-size must be in [1, {vocab_size}] (the target's vocabulary), got {size}")
-        counts = _answer_counts(samples, vocab_size)
-        # ties (e.g. unseen tokens) broken by id so the choice is reproducible
-        order = torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
+        order = _by_frequency(_answer_counts(samples, vocab_size))
         return cls(torch.sort(order[:size]).values, vocab_size)
 
     @classmethod
@@ -105,14 +103,13 @@ class DraftVocab:
         if not 0 < coverage <= 1:
             raise ValueError(f"--draft-vocab-coverage must be in (0, 1], got {coverage}")
         counts = _answer_counts(samples, vocab_size)
-        order = torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
+        order = _by_frequency(counts)
         rank = torch.empty(vocab_size, dtype=torch.int64)
         rank[order] = torch.arange(vocab_size)
         rank[counts == 0] = vocab_size  # never seen in training: no size covers it
-        judged = held_out or samples
-        ranks = torch.sort(rank[torch.cat([s.token_ids[s.num_prompt_tokens:] for s in judged])]).values
+        ranks = torch.sort(rank[_answers(held_out or samples)]).values
         needed = int(ranks[max(0, math.ceil(coverage * len(ranks)) - 1)]) + 1
-        return cls.most_frequent(samples, max(1, min(needed, max_size, vocab_size)), vocab_size)
+        return cls(torch.sort(order[:max(1, min(needed, max_size, vocab_size))]).values, vocab_size)
 
     @classmethod
     def from_d2t(cls, d2t: torch.Tensor, vocab_size: int) -> "DraftVocab":
@@ -140,15 +137,21 @@ class DraftVocab:
 
     def coverage(self, samples: list[Sample]) -> float:
         """Share of answer tokens inside the draft vocabulary."""
-        answers = torch.cat([s.token_ids[s.num_prompt_tokens:] for s in samples])
-        return float(self.t2d[answers].float().mean())
+        return float(self.t2d[_answers(samples)].float().mean())
+
+
+def _answers(samples: list[Sample]) -> torch.Tensor:  # [num_answer_tokens] int64, every sample's answer
+    return torch.cat([s.token_ids[s.num_prompt_tokens:] for s in samples])
 
 
 def _answer_counts(samples: list[Sample], vocab_size: int) -> torch.Tensor:  # [vocab_size] int64
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for s in samples:
-        counts += torch.bincount(s.token_ids[s.num_prompt_tokens:], minlength=vocab_size)[:vocab_size]
-    return counts
+    return torch.bincount(_answers(samples), minlength=vocab_size)[:vocab_size]
+
+
+def _by_frequency(counts: torch.Tensor) -> torch.Tensor:  # [vocab_size] token ids, most frequent first
+    """Ties (e.g. unseen tokens) broken by id, so the choice is reproducible."""
+    vocab_size = len(counts)
+    return torch.argsort(counts * vocab_size + (vocab_size - 1 - torch.arange(vocab_size)), descending=True)
 
 
 @dataclass

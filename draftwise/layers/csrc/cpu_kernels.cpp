@@ -137,7 +137,7 @@ void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cac
     float total = 0.f;
     for (int64_t j = 0; j < seen; ++j) total += numerators[j];
     std::fill(row, row + num_keys, 0.f);
-    std::memcpy(row + std::max<int64_t>(lo, 0), numerators, seen * sizeof(float));
+    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: visible() clips to the chunk
     row_max[r] = top, row_sum[r] = total;
   }
   std::fill(acc, acc + rows * D, 0.f);
