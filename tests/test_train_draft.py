@@ -206,3 +206,27 @@ def test_eagle3_reads_the_aux_layers_it_is_given(data_dir, tmp_path, tiny_model_
         [o.outputs[0].token_ids for o in tiny_llm.generate(PROMPTS[:3], params, use_tqdm=False)]
     with pytest.raises(ValueError, match="layer 5"):
         train_draft(options(data_dir, tmp_path / "bad", "eagle3", aux_layer_ids=[1, 5]))
+
+
+def test_device_is_checked_and_auto_follows_the_machine(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'tpu'"):
+        train_draft(options(data_dir, tmp_path / "a", "eagle3", device="tpu"))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="--device cuda: this machine has no CUDA device"):
+            train_draft(options(data_dir, tmp_path / "b", "eagle3", device="cuda"))
+    summary = train_draft(options(data_dir, tmp_path / "c", "eagle3", epochs=1))
+    assert summary["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", METHODS)
+def test_training_on_cuda_follows_the_cpu_run(method, data_dir, tmp_path):
+    """The same seeded run on the GPU and the CPU (fp32): the same losses and weights up to rounding."""
+    runs = {device: train_draft(options(data_dir, tmp_path / device, method, epochs=2, device=device))
+            for device in ("cpu", "cuda")}
+    for cpu, gpu in zip(runs["cpu"]["history"], runs["cuda"]["history"]):
+        assert gpu["train_loss"] == pytest.approx(cpu["train_loss"], rel=2e-3)
+    a, b = (load_file(str(tmp_path / device / "model.safetensors")) for device in ("cpu", "cuda"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name].float(), b[name].float(), atol=2e-3, rtol=2e-2), name

@@ -66,6 +66,7 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
                         help="eagle3: comma-separated target layers it reads (default 2,L//2,L-3; L = the last output)")
     parser.add_argument("--precision", default=d.precision,
                         help="matrix products in float32, bfloat16 (autocast) or auto (measured at start-up)")
+    parser.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (cuda where present)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--resume", action="store_true", help="continue the run saved in --out")
 
@@ -75,7 +76,7 @@ def cmd_train_draft(args: argparse.Namespace) -> int:
 
     keys = ("method", "data", "out", "model", "epochs", "lr", "batch_tokens", "ttt_steps", "eval_steps",
             "draft_vocab_size", "draft_vocab_coverage", "num_heads", "num_head_layers", "held_out_fraction",
-            "warmup_steps", "seed", "resume", "export_dtype", "precision")
+            "warmup_steps", "seed", "resume", "export_dtype", "precision", "device")
     aux = _int_list("--aux-layer-ids", args.aux_layer_ids) if args.aux_layer_ids else None
     summary = train_draft(TrainOptions(**{k: getattr(args, k) for k in keys}, aux_layer_ids=aux))
     last = summary["history"][-1] if summary["history"] else {}

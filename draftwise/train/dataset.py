@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,8 +133,8 @@ class DraftVocab:
 
     def to_draft(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft ids, -1 where a token is outside the draft vocabulary."""
-        table = torch.full((self.vocab_size,), -1, dtype=torch.int64)
-        table[self.draft_ids] = torch.arange(self.size)
+        table = torch.full((self.vocab_size,), -1, dtype=torch.int64, device=token_ids.device)
+        table[self.draft_ids.to(token_ids.device)] = torch.arange(self.size, device=token_ids.device)
         return table[token_ids]
 
     def coverage(self, samples: list[Sample]) -> float:
@@ -161,6 +163,12 @@ class Batch:
     loss_mask: torch.Tensor  # [B, T] bool: positions whose next token is a scored answer token
     lengths: list[int]
 
+    def to(self, device: torch.device) -> "Batch":
+        if device.type == "cpu":
+            return self
+        return Batch(self.token_ids.to(device, non_blocking=True), self.hidden_states.to(device, non_blocking=True),
+                     self.loss_mask.to(device, non_blocking=True), self.lengths)
+
 
 def make_batch(samples: list[Sample]) -> Batch:
     longest = max(len(s.token_ids) for s in samples)
@@ -175,6 +183,20 @@ def make_batch(samples: list[Sample]) -> Batch:
         states[b, :length] = hidden_states
         mask[b, max(s.num_prompt_tokens - 1, 0):length - 1] = True
     return Batch(ids, states, mask, [len(s.token_ids) for s in samples])
+
+
+def prefetched(groups: list[list[Sample]], device: torch.device) -> Iterator[Batch]:
+    """``make_batch`` of each group on ``device``, the next one read from disk in a thread while
+    the caller computes on this one."""
+    if not groups:
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(make_batch, groups[0])
+        for following in groups[1:] + [None]:
+            batch = pending.result()
+            if following is not None:
+                pending = pool.submit(make_batch, following)
+            yield batch.to(device)
 
 
 def batches(samples: list[Sample], max_tokens: int, seed: int | None) -> list[list[Sample]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .dataset import Sample, batches, make_batch
+from .dataset import Sample, batches, prefetched
 from .trainable import TrainableDrafter, shift_left
 
 
@@ -22,14 +22,15 @@ def evaluate(model: TrainableDrafter, samples: list[Sample], batch_tokens: int, 
     model.eval()
     num_steps = min(num_steps, model.max_steps() or num_steps)
     right_runs = []  # per anchor [num_steps] bool
-    for group in batches(samples, batch_tokens, None):
-        batch = make_batch(group)
+    device = model.device
+    draft_ids = model.vocab.draft_ids.to(device)
+    for batch in prefetched(batches(samples, batch_tokens, None), device):
         states, _ = model.unroll(batch, num_steps)
         b, p = (batch.loss_mask & shift_left(batch.loss_mask, num_steps)).nonzero(as_tuple=True)  # anchors
-        right_runs.append(torch.stack([model.vocab.draft_ids[model.logits(j, state[b, p]).argmax(-1)]
+        right_runs.append(torch.stack([draft_ids[model.logits(j, state[b, p]).argmax(-1)]
                                        == batch.token_ids[b, p + 2 + j] for j, state in enumerate(states)], dim=-1))
     model.train()
-    runs = torch.cat(right_runs) if right_runs else torch.zeros(0, num_steps, dtype=torch.bool)
+    runs = torch.cat(right_runs).cpu() if right_runs else torch.zeros(0, num_steps, dtype=torch.bool)
     if len(runs) == 0:
         return {"num_anchors": 0}
     leading = runs.int().cumprod(dim=-1)  # [N, num_steps] 1 while every draft so far was right

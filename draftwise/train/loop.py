@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from . import methods  # noqa: F401  (registers the trainable drafters)
-from .dataset import Batch, Dataset, DraftVocab, batches, load_dataset, make_batch
+from .dataset import Batch, Dataset, DraftVocab, batches, load_dataset, prefetched
 from .evaluate import evaluate
 from .precision import CHOICES as PRECISIONS
 from .precision import autocast, use_bfloat16
@@ -60,6 +60,7 @@ class TrainOptions:
     resume: bool = False
     export_dtype: str = "bfloat16"
     precision: str = "auto"  # matrix products in float32 or bfloat16 (precision.py)
+    device: str = "auto"  # cpu, cuda, cuda:N; auto: cuda where one is present
     aux_layer_ids: list[int] | None = None  # eagle3: the target layers it reads (default 2, L // 2, L - 3)
     extra: dict = field(default_factory=dict)
 
@@ -77,6 +78,21 @@ class TrainOptions:
             raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.export_dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--export-dtype must be bfloat16, float16 or float32, got {self.export_dtype!r}")
+        self.torch_device()
+
+    def torch_device(self) -> torch.device:
+        """Where the drafter trains: ``auto`` is the first CUDA device where one is present, else the CPU."""
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: this machine has no CUDA device; use --device cpu")
+        return device
 
 
 def soft_targets(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch) -> torch.Tensor:
@@ -87,7 +103,7 @@ def soft_targets(model: TrainableDrafter, target: TargetParts, data: Dataset, ba
         return model.vocab.to_draft(shift_left(batch.token_ids, 1))
     rows = batch.loss_mask.nonzero(as_tuple=True)
     last = batch.hidden_states[:, :, data.layer_index(target.num_layers, "")][rows]  # [N, H]
-    probs = torch.zeros(*batch.loss_mask.shape, model.vocab.size)
+    probs = torch.zeros(*batch.loss_mask.shape, model.vocab.size, device=last.device)
     probs[rows] = torch.softmax(target.final_norm(last) @ target.lm_head[model.vocab.draft_ids].T, dim=-1)
     return probs
 
@@ -104,7 +120,7 @@ def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def batch_loss(model: TrainableDrafter, target: TargetParts, data: Dataset, batch: Batch,
                num_steps: int) -> tuple[torch.Tensor, float]:
     """(loss, step-0 top-1 agreement with the target on scored positions)."""
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # the target's distribution in fp32
+    with torch.no_grad(), torch.autocast(batch.token_ids.device.type, enabled=False):  # the target's in fp32
         labels = soft_targets(model, target, data, batch)
     states, loss = model.unroll(batch, num_steps)
     agree = 0.0
@@ -153,7 +169,8 @@ class _Run:
         self.opts, self.out = opts, Path(opts.out)
         saved = self._saved_state()
         self.data = load_dataset(opts.data)
-        self.target = TargetParts.load(opts.model or self.data.manifest.get("model"))
+        self.device = opts.torch_device()
+        self.target = TargetParts.load(opts.model or self.data.manifest.get("model"), self.device)
         _check_match(self.data, self.target)
         self.train, self.held_out = self.data.split(opts.held_out_fraction, opts.seed)
         vocab_size = self.target.vocab_size
@@ -164,7 +181,7 @@ class _Run:
                                         self.held_out)
         else:
             vocab = DraftVocab.most_frequent(self.train, min(opts.draft_vocab_size, vocab_size), vocab_size)
-        self.model = build(opts, self.data, self.target, vocab)
+        self.model = build(opts, self.data, self.target, vocab).to(self.device)
         self.num_steps = min(opts.ttt_steps, self.model.max_steps() or opts.ttt_steps)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=opts.lr, betas=(0.9, 0.95),
                                            weight_decay=0.0)
@@ -172,7 +189,7 @@ class _Run:
         self.scheduler = _schedule(self.optimizer, opts.warmup_steps, per_epoch * opts.epochs)
         self.history, self.first_epoch = [], 0
         # a resumed run keeps the precision it started with (a new measurement could choose the other)
-        self.bf16 = saved["bf16"] if saved and "bf16" in saved else use_bfloat16(opts.precision, torch.device("cpu"))
+        self.bf16 = saved["bf16"] if saved and "bf16" in saved else use_bfloat16(opts.precision, self.device)
         if saved:  # a larger --epochs than before stretches the cosine to the new total
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -188,7 +205,7 @@ class _Run:
                              "choose a new directory")
         if not self.opts.resume:
             return None
-        saved = torch.load(path, weights_only=False)
+        saved = torch.load(path, weights_only=False, map_location="cpu")
         if saved["method"] != self.opts.method:
             raise ValueError(f"--resume: {self.out} holds a {saved['method']} run, not {self.opts.method}")
         return saved
@@ -200,7 +217,8 @@ class _Run:
                 "held_out_draft_vocab_coverage":
                     round(self.model.vocab.coverage(self.held_out), 4) if self.held_out else None,
                 "num_parameters": sum(p.numel() for p in self.model.parameters()),
-                "precision": "bfloat16" if self.bf16 else "float32", "history": self.history}
+                "precision": "bfloat16" if self.bf16 else "float32", "device": str(self.device),
+                "history": self.history}
 
     def save(self, epoch: int) -> None:
         """The drafter in its public layout, the resumable state, and the log, each replaced atomically."""
@@ -218,7 +236,7 @@ def build(opts: TrainOptions, data: Dataset, target: TargetParts, vocab: DraftVo
     """A freshly initialised (seeded) trainable drafter reading ``data``'s layers."""
     cls = TRAINERS[opts.method]
     layer_ids = cls.needed_layers(target, asdict(opts))
-    options = dict(asdict(opts), layer_ids=layer_ids,
+    options = dict(asdict(opts), layer_ids=layer_ids, device=str(target.embed.device),
                    layer_index=[data.layer_index(i, f"--method {opts.method}") for i in layer_ids])
     torch.manual_seed(opts.seed)
     return cls(target, vocab, options)
@@ -226,8 +244,8 @@ def build(opts: TrainOptions, data: Dataset, target: TargetParts, vocab: DraftVo
 
 def load_trained(out: str | Path, data: Dataset) -> TrainableDrafter:
     """The drafter of the training run saved in ``out`` (its ``trainer_state.pt``), to evaluate on ``data``."""
-    saved = torch.load(Path(out) / STATE, weights_only=False)
-    opts = TrainOptions(**saved["options"])
+    saved = torch.load(Path(out) / STATE, weights_only=False, map_location="cpu")
+    opts = TrainOptions(**dict(saved["options"], device="cpu"))
     target = TargetParts.load(opts.model or data.manifest.get("model"))
     model = build(opts, data, target, DraftVocab(saved["draft_ids"], target.vocab_size))
     model.load_state_dict(saved["model"])
@@ -239,10 +257,11 @@ def _train_epoch(run: _Run, epoch: int) -> tuple[float, float]:
     run.model.train()
     groups = batches(run.train, run.opts.batch_tokens, run.opts.seed + epoch)
     total_loss = total_agree = 0.0
-    bar = tqdm(groups, desc=f"epoch {epoch + 1}/{run.opts.epochs}", dynamic_ncols=True)
-    for n, group in enumerate(bar, start=1):
-        with autocast(run.bf16, torch.device("cpu")):
-            loss, agree = batch_loss(run.model, run.target, run.data, make_batch(group), run.num_steps)
+    bar = tqdm(prefetched(groups, run.device), total=len(groups), desc=f"epoch {epoch + 1}/{run.opts.epochs}",
+               dynamic_ncols=True)
+    for n, batch in enumerate(bar, start=1):
+        with autocast(run.bf16, run.device):
+            loss, agree = batch_loss(run.model, run.target, run.data, batch, run.num_steps)
         run.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..models.loader import load_weights, resolve_model
 from ..models.registry import layer_hf_tensors, load_config
+from ..spec_decode.drafter_modules import RopeCache
 from .dataset import Batch, DraftVocab
 
 TRAINERS: dict[str, type["TrainableDrafter"]] = {}
@@ -45,13 +46,13 @@ class TargetParts:
     lm_head: torch.Tensor  # [vocab, H]
 
     @classmethod
-    def load(cls, model: str | None) -> "TargetParts":
+    def load(cls, model: str | None, device: torch.device = torch.device("cpu")) -> "TargetParts":
         path = resolve_model(model)
         config = load_config(path)
         weights = load_weights(path, torch.float32)
-        embed = weights["model.embed_tokens.weight"]
-        lm_head = weights.get("lm_head.weight", embed)
-        return cls(path, config, embed, weights["model.norm.weight"], lm_head)
+        embed = weights["model.embed_tokens.weight"].to(device)
+        lm_head = weights["lm_head.weight"].to(device) if "lm_head.weight" in weights else embed
+        return cls(path, config, embed, weights["model.norm.weight"].to(device), lm_head)
 
     @property
     def num_layers(self) -> int:
@@ -87,6 +88,15 @@ class TrainableDrafter(nn.Module):
         positions in the data arrive as ``options["layer_index"]``."""
         return [target.num_layers]
 
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.options.get("device", "cpu"))
+
+    def rope_cache(self, head_dim: int) -> RopeCache:
+        """fp32 rotary tables on the training device, for every position the target serves."""
+        config = self.target.config
+        return RopeCache(config, head_dim, config.max_position_embeddings + 16, self.device, torch.float32)
+
     def final_state(self, batch: Batch) -> torch.Tensor:  # [B, T, H] the target's final-norm hidden state
         return self.target.final_norm(batch.hidden_states[:, :, self.options["layer_index"][0]])
 
@@ -110,7 +120,7 @@ class TrainableDrafter(nn.Module):
 
     def export(self, out: Path, dtype: torch.dtype) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).contiguous()
+        tensors = {name: (t.to(dtype) if t.is_floating_point() else t).cpu().contiguous()
                    for name, t in self.tensors().items()}
         save_file(tensors, str(out / "model.safetensors.tmp"))
         (out / "model.safetensors.tmp").replace(out / "model.safetensors")

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...models.decoder import ArchSpec, DecoderLayer
-from ...spec_decode.drafter_modules import RopeCache
 from ...spec_decode.drafter_networks import eagle_step
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register, shift_left
@@ -35,8 +34,7 @@ class EagleTrainable(ChainTrainable):
         self.layer = DecoderLayer(config, ArchSpec(), "full_attention")
         self.register_buffer("embed", frozen(target.embed), persistent=False)
         self.register_buffer("head", frozen(target.lm_head[vocab.draft_ids]), persistent=False)
-        self.rope = RopeCache(config, self.layer.head_dim, config.max_position_embeddings + 16,
-                              torch.device("cpu"), torch.float32)
+        self.rope = self.rope_cache(self.layer.head_dim)
         self.requires_grad_(True)
         self.layer.input_norm.requires_grad_(False)  # not part of EAGLE's layer 0
 

@@ -15,7 +15,6 @@ from torch import nn
 
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
-from ...spec_decode.drafter_modules import RopeCache
 from ...spec_decode.drafter_networks import eagle3_layer_ids, eagle3_step
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
@@ -43,8 +42,7 @@ class Eagle3Trainable(ChainTrainable):
         self.lm_head = nn.Linear(hidden, vocab.size, bias=False)
         self.lm_head.weight.data = target.lm_head[vocab.draft_ids].clone()
         self.register_buffer("embed", frozen(target.embed), persistent=False)
-        self.rope = RopeCache(config, self.layer.head_dim, config.max_position_embeddings + 16,
-                              torch.device("cpu"), torch.float32)
+        self.rope = self.rope_cache(self.layer.head_dim)
         self.requires_grad_(True)
 
     def first_hidden(self, batch: Batch) -> torch.Tensor:

@@ -14,7 +14,6 @@ from torch import nn
 
 from ...layers.common import RMSNorm
 from ...models.decoder import ArchSpec, DecoderLayer
-from ...spec_decode.drafter_modules import RopeCache
 from ...spec_decode.drafter_networks import mtp_step
 from ..dataset import Batch, DraftVocab
 from ..trainable import ChainTrainable, TargetParts, frozen, layer_tensors, register
@@ -35,8 +34,7 @@ class MtpTrainable(ChainTrainable):
         self.head_norm.weight.data = target.norm_weight.clone()
         self.register_buffer("embed", frozen(target.embed), persistent=False)
         self.register_buffer("head", frozen(target.lm_head[vocab.draft_ids]), persistent=False)
-        self.rope = RopeCache(config, self.layer.head_dim, config.max_position_embeddings + 16,
-                              torch.device("cpu"), torch.float32)
+        self.rope = self.rope_cache(self.layer.head_dim)
         self.requires_grad_(True)
 
     def first_hidden(self, batch: Batch) -> torch.Tensor:

