@@ -20,14 +20,16 @@ from draftwise.config import EngineConfig
 from draftwise.sample.logits import uniform_noise
 from draftwise.sample.rejection_sampler import ACCEPT_STREAM, rejection_sample
 from draftwise.sample.verify_config import RejectionSamplerConfig
+from draftwise.sample.verify_rule import STANDARD, VerifyRule
 
-BLOCK = RejectionSamplerConfig(enable_block_verify=True)
-CUMULATIVE = RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative")
-BOTH = RejectionSamplerConfig(enable_block_verify=True, enable_entropy_verify=True, posterior_alpha=1.0)
+BLOCK = RejectionSamplerConfig(enable_block_verify=True).rule()
+CUMULATIVE = RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative").rule()
+BOTH = RejectionSamplerConfig(enable_block_verify=True, enable_entropy_verify=True, posterior_alpha=1.0).rule()
 
 
-def _entropy(alpha: float, threshold: float = 0.95) -> RejectionSamplerConfig:
-    return RejectionSamplerConfig(enable_entropy_verify=True, posterior_alpha=alpha, posterior_threshold=threshold)
+def _entropy(alpha: float, threshold: float = 0.95) -> VerifyRule:
+    return RejectionSamplerConfig(enable_entropy_verify=True, posterior_alpha=alpha,
+                                  posterior_threshold=threshold).rule()
 
 
 def _workload(num_seqs: int, k: int, vocab: int, seed: int = 0):
@@ -90,7 +92,7 @@ def test_paper_toy_example_accepts_11_9():
     logits = p.log().repeat(num_seqs * 3, 1)
     probs = q[None, None].expand(num_seqs, 2, 2).contiguous()
     meta = _meta(num_seqs, 2, greedy=False)
-    for config, expected in ((None, 10 / 9), (BLOCK, 11 / 9)):
+    for config, expected in ((STANDARD, 10 / 9), (BLOCK, 11 / 9)):
         accepted = rejection_sample(logits, meta, _inputs(drafts, probs), config).num_accepted.double()
         bound = 4 * accepted.std().item() / num_seqs ** 0.5  # 4 standard errors, about 0.008
         assert abs(accepted.mean().item() - expected) < bound

@@ -122,7 +122,7 @@ class LLMEngine:
         self.structured = StructuredOutputs(self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids,
                                             self.max_model_len, self.speculator and self.speculator.num_spec_tokens,
                                             grammar_drafts=extra.get("grammar_drafts", True))
-        self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler, self.structured)
+        self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler.rule(), self.structured)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = 0.0
         if self.executor is not None and config.compilation.resolved_mode(config.enforce_eager) != 0:

@@ -26,8 +26,9 @@ from itertools import accumulate
 import torch
 
 from ..paged import ForwardInput, PagedModel
-from ..sample import (RejectionSamplerConfig, SpecDecodeMetadata, build_sampling_metadata, gather_logprobs,
-                      pack_logprobs, sample, unpack_logprobs)
+from ..sample import (SpecDecodeMetadata, build_sampling_metadata, gather_logprobs, pack_logprobs, sample,
+                      unpack_logprobs)
+from ..sample.verify_rule import STANDARD, VerifyRule
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetHidden
 from .prompt_logprobs import PromptLogprobs, prompt_rows
@@ -56,12 +57,12 @@ class ModelRunner:
     prompt_rows_per_slice = 512  # prompt-scoring rows whose logits exist at once
 
     def __init__(self, paged: PagedModel, eos_token_ids: set[int],
-                 verify_config: RejectionSamplerConfig | None = None, grammar=None):
+                 verify_rule: VerifyRule = STANDARD, grammar=None):
         self.paged = paged
         self.grammar = grammar  # step_masks(seqs, drafts) -> GrammarMasks | None (structured outputs)
         self.model = paged.model
         self.device = paged.device
-        self.verify_config = verify_config  # block / entropy verify of sampled drafts; None: standard
+        self.verify_rule = verify_rule  # how sampled drafts are accepted (sample/verify_rule.py)
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = paged.model.config.vocab_size
 
@@ -94,7 +95,7 @@ class ModelRunner:
         spec = None
         if any(drafts) or residual:
             spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec_probs for s in seqs], self.device, residual)
-        host = sample(logits, meta, spec, self.verify_config).to_host()
+        host = sample(logits, meta, spec, self.verify_rule).to_host()
         return StepResult(seqs, host.token_ids, [len(d) for d in drafts], host.logprobs, host.ranks,
                           host.top_ids, host.top_logprobs, target_hidden, prompt_scores)
 

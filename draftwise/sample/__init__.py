@@ -4,7 +4,8 @@ from .metadata import Penalties, SamplingMetadata, build_sampling_metadata
 from .sampler import HostSample, SamplerOutput, sample
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
 from .verify_config import RejectionSamplerConfig
+from .verify_rule import STANDARD, VerifyRule
 
-__all__ = ["PLACEHOLDER_TOKEN_ID", "HostLogprobs", "HostSample", "Penalties", "RejectionSamplerConfig",
-           "SamplerOutput", "SamplingMetadata", "SpecDecodeMetadata", "TokenLogprobs", "build_sampling_metadata",
-           "gather_logprobs", "pack_logprobs", "sample", "unpack_logprobs"]
+__all__ = ["PLACEHOLDER_TOKEN_ID", "STANDARD", "HostLogprobs", "HostSample", "Penalties", "RejectionSamplerConfig",
+           "SamplerOutput", "SamplingMetadata", "SpecDecodeMetadata", "TokenLogprobs", "VerifyRule",
+           "build_sampling_metadata", "gather_logprobs", "pack_logprobs", "sample", "unpack_logprobs"]

@@ -1,10 +1,10 @@
 """The sampler: the logits of one step's sampling rows in, each sequence's tokens out.
 
-``sample(logits, meta, spec, config)`` is the only call the model runner makes
+``sample(logits, meta, spec, rule)`` is the only call the model runner makes
 into this package. Without drafts (``spec is None``) every sequence has one row
 and draws one token as plain decoding does (``logits.py``). With drafts the
 rows are laid out as ``SpecDecodeMetadata`` says and the rejection sampler
-verifies them (``rejection_sampler.py``, rules configured by
+verifies them (``rejection_sampler.py``, with the ``VerifyRule`` chosen from
 ``verify_config.py``). Either way the result has a fixed shape,
 ``[num_seqs, max_spec_len + 1]``, padded with ``PLACEHOLDER_TOKEN_ID``, and
 ``to_host`` turns it into Python lists with one transfer per tensor.
@@ -24,7 +24,7 @@ from .logprobs import gather_logprobs
 from .metadata import SamplingMetadata
 from .rejection_sampler import rejection_sample
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
-from .verify_config import RejectionSamplerConfig
+from .verify_rule import STANDARD, VerifyRule
 
 
 @dataclass
@@ -62,13 +62,13 @@ class HostSample:
 def sample(logits: torch.Tensor,  # [num_rows, vocab] raw model logits, fp32
            meta: SamplingMetadata,  # per row
            spec: SpecDecodeMetadata | None = None,  # None: one row per sequence, no drafts
-           config: RejectionSamplerConfig | None = None) -> SamplerOutput:
+           rule: VerifyRule = STANDARD) -> SamplerOutput:
     if spec is None:
         row_token_ids, _ = draw(process_logits(logits, meta), meta)  # [num_rows]
         row_index = torch.arange(logits.shape[0], device=logits.device)[:, None]  # [num_seqs, 1]
         out = SamplerOutput(row_token_ids[:, None])
     else:
-        verified = rejection_sample(logits, meta, spec, config)
+        verified = rejection_sample(logits, meta, spec, rule)
         row_token_ids, row_index = verified.row_token_ids, verified.row_index
         out = SamplerOutput(verified.token_ids)
     if meta.max_num_logprobs is not None:

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..validate import check_bool, check_choice, check_float
+from .verify_rule import CumulativeBlockRule, Entropy, LosslessBlockRule, StandardRule, VerifyRule
 
 PREFIX = "additional_config['rejection_sampler_config']"
 BLOCK_VERIFY_MODES = ("lossless", "cumulative")
@@ -75,4 +76,13 @@ class RejectionSamplerConfig:
 
     @property
     def is_lossless(self) -> bool:
-        return not self.enable_entropy_verify and self.block_mode in (None, "lossless")
+        return self.rule().lossless
+
+    def rule(self) -> VerifyRule:
+        """The rule this configuration selects for sampled drafts (``verify_rule.py``)."""
+        entropy = Entropy(self.posterior_alpha, self.posterior_threshold) if self.enable_entropy_verify else None
+        if self.block_mode == "lossless":
+            return LosslessBlockRule(entropy)
+        if self.block_mode == "cumulative":
+            return CumulativeBlockRule(entropy)
+        return StandardRule(entropy)
