@@ -8,10 +8,11 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
+from draftwise.engine.step_cost import StepCostModel
 
 KEYS = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
         "spec_decode_num_accepted_tokens_per_pos", "spec_decode_acceptance_rate",
-        "spec_decode_mean_acceptance_length", "spec_decode_per_position_acceptance"}
+        "spec_decode_mean_acceptance_length", "spec_decode_per_position_acceptance", "spec_decode_draft_limits"}
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,28 @@ def test_plain_engine_has_no_spec_metrics(tiny_llm):
     assert tiny_llm.get_spec_decode_stats() == {}
     out = tiny_llm.generate("Hello", greedy(4), use_tqdm=False)[0]
     assert out.metrics.spec_num_drafts == 0 and out.metrics.spec_mean_acceptance_length == 1.0
+
+
+def test_draft_plan_names_what_limited_each_sequence(tiny_model_dir, ngram_llm, caplog):
+    """Every sequence and step gets one reason: the request's own cap, the room before max_tokens,
+    none (full: a self-drafting model always drafts), or the proposer finding nothing (ngram on
+    random text); counted in the stats and logged at debug level."""
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config={
+        "method": "draft_model", "model": str(tiny_model_dir), "num_speculative_tokens": 3})
+    speculator = llm.llm_engine.speculator
+    speculator.price_with(StepCostModel.fixed(0.0, 4))  # every draft kept: no step_cost reason
+    with caplog.at_level(logging.DEBUG, logger="draftwise"):
+        llm.generate(PROMPTS[:2], greedy(12, ignore_eos=True, extra_args={"num_speculative_tokens": 1}),
+                     use_tqdm=False)
+    limits = llm.get_spec_decode_stats()["spec_decode_draft_limits"]
+    assert limits["request"] > 0 and limits["full"] == 0 and limits["proposer"] == 0
+    llm.generate(PROMPTS[:2], greedy(12, ignore_eos=True), use_tqdm=False)
+    limits = llm.get_spec_decode_stats()["spec_decode_draft_limits"]
+    assert limits["full"] > 0 and limits["max_tokens"] > 0
+    assert limits["full"] + limits["max_tokens"] + limits["request"] == sum(limits.values())
+    plan = speculator.last_plan
+    assert len(plan.num_drafts) == len(plan.reasons) == len(plan.seq_ids)
+    assert any("draft plan (seq: drafts/reason)" in r.getMessage() and "1/request" in r.getMessage()
+               for r in caplog.records)
+    ngram_llm.generate(["zq xw vu"], greedy(8, ignore_eos=True), use_tqdm=False)
+    assert ngram_llm.get_spec_decode_stats()["spec_decode_draft_limits"]["proposer"] > 0

@@ -433,9 +433,13 @@ class LLMEngine:
 
     def get_spec_decode_stats(self) -> dict:
         """Speculative decoding counters since start-up and their derived rates (empty without speculation),
-        and the grammar's drafts (``grammar_num_draft_tokens``, ``..._accepted_tokens``) once structured
-        outputs ran."""
-        spec = self.speculator.stats.as_dict() | self.speculator.proposer.source_stats() if self.speculator else {}
+        why sequences drafted fewer than ``num_speculative_tokens`` (``spec_decode_draft_limits``, by the
+        reasons of ``draft_plan.py``), and the grammar's drafts (``grammar_num_draft_tokens``,
+        ``..._accepted_tokens``) once structured outputs ran."""
+        spec = {}
+        if self.speculator:
+            spec = (self.speculator.stats.as_dict() | self.speculator.proposer.source_stats()
+                    | self.speculator.draft_limits.as_dict())
         return {**spec, **self.structured.spec_stats()}
 
     # ------------------------------------------------------------------ helpers

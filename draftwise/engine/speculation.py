@@ -8,17 +8,14 @@
 2. ``on_verified``: counters, the interval log line and the draft length
    policy's acceptance estimates are updated.
 3. (the engine appends the emitted tokens and releases finished sequences)
-4. ``propose``: the proposer drafts for every sequence still running, each
-   clipped to ``num_speculative_tokens``, ``max_model_len``, ``max_tokens``,
-   the batch-size limits of ``speculative_config`` (``disable_by_batch_size``,
-   ``num_speculative_tokens_per_batch_size``: ``spec_decode/batch_limits.py``,
-   counted over the sequences still running), the drafts worth verifying in
-   this batch (``draft_length.py``, priced by the engine's ``StepCostModel``)
-   and the KV blocks it can get. A sequence whose length plus
-   ``num_speculative_tokens`` would pass ``speculative_config["max_model_len"]``
-   (the drafter's context limit) gets no drafts: it decodes plainly, as does
-   one whose cached prefix lacks the drafter's K/V (``drafter_blocked``:
-   ``paged/block_manager.py``).
+4. ``propose``: the proposer drafts for every sequence still running, as many
+   as the step's ``DraftPlan`` allows (``draft_plan.py``: ``num_speculative_tokens``
+   lowered by the drafter's cache and context limit, the request, ``max_model_len``
+   and ``max_tokens``, the batch-size limits of ``speculative_config``
+   (``spec_decode/batch_limits.py``, counted over the sequences still running), the
+   drafts worth verifying in this batch (``draft_length.py``, priced by the engine's
+   ``StepCostModel``) and the KV blocks it can get), then the plan records what the
+   proposer drafted and any confidence cut, with the reason each sequence got no more.
 """
 from __future__ import annotations
 
@@ -33,6 +30,7 @@ from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
 from ..spec_decode.suffix_mix import SuffixMix
 from ..validate import PREFIX
 from .draft_length import DraftLengthPolicy
+from .draft_plan import DraftLimitCounts, DraftPlan
 from .model_runner import StepResult
 from .step_cost import StepCostModel
 
@@ -60,6 +58,8 @@ class Speculator:
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
         self.policy = DraftLengthPolicy(StepCostModel.fixed(0.0, self.num_spec_tokens + 1))
+        self.draft_limits = DraftLimitCounts()  # every step's DraftPlan reasons, counted
+        self.last_plan: DraftPlan | None = None
 
     @property
     def needs(self) -> ProposerNeeds:
@@ -103,11 +103,14 @@ class Speculator:
         if not seqs and result.target_hidden is None:
             return []  # (a proposer reading hidden states still sees the rows of prefill chunks)
         num_base_rows = len(seqs)
+        plan = DraftPlan.start([seq.seq_id for seq in seqs], self.num_spec_tokens)
+        self._limit_per_sequence(plan, seqs)
         batch_limit = self.batch_limits.num_spec_tokens(len({seq.request_id for seq in seqs}), len(seqs),
                                                         self.num_spec_tokens)
-        limits = self.policy.limits(seqs, [min(batch_limit, self._max_num_drafts(seq)) for seq in seqs],
-                                    num_base_rows, self.proposer.drafting_seconds)
-        limits = [self._fit_kv(seq, limit) for seq, limit in zip(seqs, limits)]
+        plan.limit("batch_size", [batch_limit] * len(seqs))
+        plan.limit("step_cost", self.policy.limits(seqs, list(plan.num_drafts), num_base_rows,
+                                                   self.proposer.drafting_seconds))
+        limits = list(plan.limit("kv_cache", [self._fit_kv(seq, n) for seq, n in zip(seqs, plan.num_drafts)]))
         batch = ProposeBatch(seqs, limits, result.target_hidden)
         try:
             drafts = self.proposer.propose(batch)
@@ -115,13 +118,17 @@ class Speculator:
             return self._isolate(batch, exc)
         if not seqs:
             return []
-        nums = [min(num, limit) for num, limit in zip(drafts.num_draft_tokens, limits)]
+        nums = plan.limit("proposer", drafts.num_draft_tokens)
         if drafts.confidence is not None:
-            nums = self.policy.cut(nums, drafts.confidence, num_base_rows, [seq.num_tokens for seq in seqs])
+            nums = plan.limit("confidence", self.policy.cut(list(nums), drafts.confidence, num_base_rows,
+                                                            [seq.num_tokens for seq in seqs]))
         token_rows = drafts.token_ids.tolist()
         for i, (seq, num) in enumerate(zip(seqs, nums)):
             seq.spec_token_ids = token_rows[i][:num]
             seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
+        self.draft_limits.add(plan)
+        plan.log()
+        self.last_plan = plan
         return []
 
     def _isolate(self, batch: ProposeBatch, error: Exception) -> list[tuple[Sequence, Exception]]:
@@ -145,14 +152,16 @@ class Speculator:
         failing = find_failing(group_list, trial, error)
         return [(seq, exc) for i, exc in failing.items() for seq, _ in group_list[i]]
 
-    def _max_num_drafts(self, seq: Sequence) -> int:
-        if seq.drafter_blocked:
-            return 0
-        drafter_limit = self.drafter_max_model_len
-        if drafter_limit is not None and seq.num_tokens + self.num_spec_tokens > drafter_limit:
-            return 0  # past the drafter's context limit: no drafts (as vLLM skips such sequences)
-        cap = seq.params.num_speculative_tokens  # the request's own (extra_args), checked <= the engine's
-        return min(self.num_spec_tokens if cap is None else cap, seq.num_draft_slots(self.max_model_len))
+    def _limit_per_sequence(self, plan: DraftPlan, seqs: list[Sequence]) -> None:
+        """The limits a sequence carries alone: the drafter's cache and context, the request, its length."""
+        plan.limit("drafter_blocked", [0 if seq.drafter_blocked else self.num_spec_tokens for seq in seqs])
+        drafter_limit = self.drafter_max_model_len  # past it: no drafts (as vLLM skips such sequences)
+        if drafter_limit is not None:
+            plan.limit("drafter_max_model_len", [0 if seq.num_tokens + self.num_spec_tokens > drafter_limit
+                                                 else self.num_spec_tokens for seq in seqs])
+        caps = [seq.params.num_speculative_tokens for seq in seqs]  # extra_args, checked <= the engine's
+        plan.limit("request", [self.num_spec_tokens if cap is None else cap for cap in caps])
+        plan.limit("max_tokens", [seq.num_draft_slots(self.max_model_len) for seq in seqs])
 
     def _fit_kv(self, seq: Sequence, limit: int) -> int:
         """``limit`` cut to the KV slots ``seq`` can get (proposers with a KV cache of their own)."""

@@ -30,6 +30,7 @@ HELP = {
     "vllm:spec_decode_num_draft_tokens": "Draft tokens verified.",
     "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted.",
     "vllm:spec_decode_num_accepted_tokens_per_pos": "Draft tokens accepted, by position in the draft.",
+    "draftwise:spec_decode_draft_limits": "Sequences and steps, by what limited their drafts (full: nothing did).",
     "vllm:time_to_first_token_seconds": "Seconds from a request's arrival to its first output token.",
     "vllm:inter_token_latency_seconds": "Seconds per output token after a request's first.",
     "vllm:e2e_request_latency_seconds": "Seconds from a request's arrival to its end.",

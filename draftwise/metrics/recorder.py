@@ -15,7 +15,9 @@ its turn. ``snapshot()`` may run on any thread (a lock guards the state) and ret
   ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` (prompt tokens looked up and
   found; 0 without prefix caching); with a speculative config only,
   ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
-  the ``Vector`` ``vllm:spec_decode_num_accepted_tokens_per_pos``;
+  the ``Vector`` ``vllm:spec_decode_num_accepted_tokens_per_pos``, and draftwise's own
+  ``draftwise:spec_decode_draft_limits{reason}`` (per sequence and step, what limited its
+  drafts: ``engine/draft_plan.py``);
 * gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (0..1);
 * histograms, per request: ``vllm:time_to_first_token_seconds`` (arrival to first token),
@@ -50,6 +52,7 @@ COUNTERS = ("vllm:prompt_tokens", "vllm:prompt_tokens_cached", "vllm:generation_
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
                  "vllm:spec_decode_num_accepted_tokens")
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+DRAFT_LIMITS = "draftwise:spec_decode_draft_limits"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
@@ -87,6 +90,7 @@ class StatsRecorder:
         self.gauges = dict.fromkeys(GAUGES, 0.0)
         self.spec = dict.fromkeys(SPEC_COUNTERS, 0) if num_spec_tokens is not None else {}
         self.per_pos = [0] * (num_spec_tokens or 0)
+        self.draft_limits: dict[str, int] = {}  # reason -> sequences-and-steps (engine/draft_plan.py)
         self.histograms = _histograms(max_model_len)
         self.logger: StatLogger | None = None  # the periodic log lines; None with disable_log_stats
         self.engine_index = 0  # vLLM's engine label and log prefix ("Engine 001"): a data-parallel replica's index
@@ -191,6 +195,7 @@ class StatsRecorder:
             stats = engine.speculator.stats
             self.spec.update(zip(SPEC_COUNTERS, (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)))
             self.per_pos = list(stats.num_accepted_tokens_per_pos)
+            self.draft_limits = dict(engine.speculator.draft_limits.counts)
 
     # ------------------------------------------------------------------ any thread
     def snapshot(self, model_name: str | None = None) -> list[Metric]:
@@ -204,5 +209,7 @@ class StatsRecorder:
             out += [Counter(name, dict(labels), value) for name, value in self.spec.items()]
             if self.spec:
                 out.append(Vector(PER_POS, dict(labels), list(self.per_pos)))
+            out += [Counter(DRAFT_LIMITS, {**labels, "reason": reason}, count)
+                    for reason, count in self.draft_limits.items()]
             out += [Histogram(name, dict(labels), h.count, h.sum, h.buckets()) for name, h in self.histograms.items()]
         return out
