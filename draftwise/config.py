@@ -4,6 +4,11 @@
 (``engine/arg_utils.py``) adds the rest of vLLM's and builds it, and ``from_kwargs`` builds it
 from our arguments alone. Both reject unknown arguments and invalid values with a ``ValueError``
 naming the argument; the config resolves the ``"auto"`` choices (dtype, device) for this machine.
+
+This module is an edge (``tests/test_layout.py``): every ``speculative_config`` reaches the core
+``SpeculativeConfig`` through ``EngineConfig``, so vLLM's keys that select nothing here are checked
+and removed here (``compat.vllm.spec_keys.strip_vllm_keys``), once, whether the config was built
+by ``EngineArgs`` or directly.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .compat.vllm.spec_keys import strip_vllm_keys
 from .compilation.config import CompilationConfig
 from .distributed.executor import resolve_backend
 from .kv_transfer import KVTransferConfig
@@ -142,8 +148,8 @@ class EngineConfig:
         if self.kv_transfer_config is not None:
             self.kv_transfer = KVTransferConfig.from_value(self.kv_transfer_config)
         if self.speculative_config is not None:
-            self.speculative = SpeculativeConfig.from_value(self.speculative_config, self.tensor_parallel_size,
-                                                            target_model=self.model)
+            self.speculative = SpeculativeConfig.from_value(strip_vllm_keys(self.speculative_config),
+                                                            self.tensor_parallel_size, target_model=self.model)
         verify = RejectionSamplerConfig.from_value((self.additional_config or {}).get("rejection_sampler_config"))
         if self.speculative:
             verify = verify.for_num_speculative_tokens(self.speculative.num_speculative_tokens)
@@ -192,7 +198,8 @@ def _check_additional_config(extra) -> None:
         if not isinstance(value, _ADDITIONAL_KEYS[key]):
             raise ValueError(f"additional_config[{key!r}]={value!r} must be a {_ADDITIONAL_KEYS[key].__name__}")
         if key in _ADDITIONAL_VALUES and value not in _ADDITIONAL_VALUES[key]:
-            raise ValueError(f"additional_config[{key!r}]={value!r} is invalid; allowed: {list(_ADDITIONAL_VALUES[key])}")
+            raise ValueError(f"additional_config[{key!r}]={value!r} is invalid; "
+                             f"allowed: {list(_ADDITIONAL_VALUES[key])}")
 
 
 def _int_at_least(name: str, value, lo: int) -> None:

@@ -4,7 +4,8 @@ Reads every module's imports (``ast``, nothing is executed) and folds them to th
 level (``draftwise.engine``, ``draftwise.spec_decode``, ...; top-level modules count as their
 own node). The graph must have no cycle, and the layers named in the README keep their order:
 a draft token's path (proposer -> speculation -> scheduler -> runner -> sample -> rollback)
-crosses each package once.
+crosses each package once. Other engines' interfaces (``draftwise.compat``) are imported only at
+the edge, where a user's arguments enter (``EDGE``).
 """
 from __future__ import annotations
 
@@ -22,16 +23,24 @@ def _node(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, names: bool = False) -> set[str]:
+    """The draftwise modules ``path`` imports; with ``names``, ``from m import x`` also gives ``m.x``
+    (so ``from .. import compat`` names the package it imports)."""
     module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
     package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package.split(".")[:len(package.split(".")) - node.level + 1]
-            found.add(".".join(base + ([node.module] if node.module else [])))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("draftwise"):
-            found.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("draftwise"):
+                source = node.module
+            else:
+                continue
+            found.add(source)
+            if names:
+                found.update(f"{source}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("draftwise"))
     return found
@@ -71,3 +80,37 @@ def test_the_layers_point_one_way():
     for low in ("sample", "paged", "layers", "models"):
         assert not _reaches(graph, low, "engine") and not _reaches(graph, low, "spec_decode"), low
     assert not _reaches(graph, "sample", "paged") and not _reaches(graph, "paged", "sample")
+
+
+# Where a user's arguments enter draftwise, so where other engines' names are read (draftwise.compat):
+EDGE = (
+    "engine/arg_utils.py",  # EngineArgs: LLM's keywords and the engine flags, vLLM's names among them
+    "cli.py",  # draftwise generate / serve / bench: the command lines
+    "server",  # the HTTP server: vLLM's server flags and request fields
+    "config.py",  # EngineConfig: every speculative_config reaches the core through it, built directly or not
+)
+
+
+def compat_importers() -> list[str]:
+    """The modules outside ``draftwise/compat`` and ``EDGE`` that import ``draftwise.compat``."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("compat/") or any(rel == edge or rel.startswith(edge + "/") for edge in EDGE):
+            continue
+        if any(m == "draftwise.compat" or m.startswith("draftwise.compat.") for m in _imports(path, names=True)):
+            found.append(rel)
+    return found
+
+
+def test_only_the_edge_imports_compat():
+    """Core packages never import ``draftwise.compat``: only the ``EDGE`` does, the few modules where a
+    user's arguments, config and requests enter (``EngineArgs``, the CLI, the server, and ``EngineConfig``,
+    which every ``speculative_config`` passes, also when it is built directly). The edge translates or
+    strips another engine's names before core code sees them, so the core holds draftwise's own names
+    only. Compat may import the core; compat importing the edge would close a cycle, which
+    ``test_no_import_cycle_between_packages`` refuses (``engine`` is one node there: ``arg_utils``
+    keeps vLLM's place for ``EngineArgs``, and compat imports nothing of ``engine``)."""
+    assert all((ROOT / edge).exists() for edge in EDGE), EDGE
+    assert any(m.startswith("draftwise.compat.") for m in _imports(ROOT / "config.py"))  # the reader sees them
+    assert compat_importers() == []

@@ -16,9 +16,10 @@ from conftest import PROMPTS, greedy
 from safetensors.torch import save_file
 
 from draftwise import LLM, SamplingParams
+from draftwise.compat.vllm.spec_keys import KEYS
+from draftwise.config import EngineConfig
 from draftwise.spec_decode.config import SpeculativeConfig
 from draftwise.spec_decode.interface import proposer_class, registered_methods
-from draftwise.spec_decode.vllm_keys import KEYS
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 REPEAT_PROMPT = "one two three four five six " * 6  # n-gram drafts get found (and accepted)
@@ -27,6 +28,12 @@ REPEAT_PROMPT = "one two three four five six " * 6  # n-gram drafts get found (a
 def self_draft(model_dir) -> dict:
     """The target drafting for itself: every running sequence gets all the drafts it is allowed."""
     return {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+
+
+def parse(raw: dict) -> SpeculativeConfig:
+    """A user's speculative_config as the engine reads it: vLLM's keys checked and stripped at the edge
+    (``EngineConfig``), the rest validated by the core ``SpeculativeConfig``."""
+    return EngineConfig(speculative_config=raw).speculative
 
 
 def spec_llm(model_dir, spec: dict) -> LLM:
@@ -97,7 +104,7 @@ def test_pasted_key_runs_with_plain_outputs(key, value, stored, tiny_model_dir, 
 ])
 def test_no_op_keys_say_so_in_one_log_line(key, value, logged, caplog):
     with caplog.at_level(logging.INFO, logger="draftwise"):
-        SpeculativeConfig.from_value({**NGRAM, key: value})
+        parse({**NGRAM, key: value})
     lines = [r.getMessage() for r in caplog.records if f"[{key!r}]" in r.getMessage()]
     assert len(lines) == (1 if logged else 0), lines
     if logged:
@@ -144,6 +151,20 @@ def test_refused_key_fails_naming_it(key, value, words, tiny_model_dir):
     assert f"'{key}'" in message or f"['{key}']" in message
     for word in words:
         assert word in message
+
+
+def test_vllm_keys_are_the_edges_not_the_cores():
+    """The core SpeculativeConfig knows no vLLM key (one reaching it is unknown); the edge strips them, names
+    them among the allowed keys, and leaves a method's own option keys (draft_sample_method) to its options."""
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['revision'\]") as info:
+        SpeculativeConfig.from_value({**NGRAM, "revision": "main"})
+    assert "'posterior_alpha'" not in str(info.value)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) \['bogus'\]") as info:
+        parse({**NGRAM, "bogus": 1, "revision": "main"})
+    assert all(repr(key) in str(info.value) for key in KEYS)
+    assert parse({**NGRAM, "revision": "main"}).to_dict() == SpeculativeConfig.from_value(NGRAM).to_dict()
+    with pytest.raises(ValueError, match="needs 'model'"):  # the option passed the vLLM table; the method's check ran
+        parse({"method": "draft_model", "num_speculative_tokens": 2, "draft_sample_method": "probabilistic"})
 
 
 def test_both_tensor_parallel_spellings_must_agree():
@@ -291,16 +312,16 @@ def test_every_bool_key_reads_vllm_spellings(method, key, where, spec_dirs):
         raw = {**base_config(method, spec_dirs), key: spelling}
         if refused_if_true and expected:
             with pytest.raises(ValueError, match=f"'{key}'"):
-                SpeculativeConfig.from_value(raw)
+                parse(raw)
             continue
-        config = SpeculativeConfig.from_value(raw)
+        config = parse(raw)
         holder = {"options": config.options, "config": config}.get(where)
         if holder is not None:
             assert getattr(holder, key) is expected, (key, spelling)
     for bad in ["maybe", 2, "2", "", " true"]:
         pydantic_rejects(bad)
         with pytest.raises(ValueError, match=f"'{key}'"):
-            SpeculativeConfig.from_value({**base_config(method, spec_dirs), key: bad})
+            parse({**base_config(method, spec_dirs), key: bad})
 
 
 def pydantic_rejects(value) -> None:

@@ -12,9 +12,9 @@ import pytest
 
 from draftwise import LLM, EngineArgs, LLMEngine, SamplingParams, TextPrompt, TokensPrompt
 from draftwise.cli import build_parser, engine_kwargs, main
+from draftwise.compat.vllm.engine_args import VLLM_ENGINE_ARGS
 from draftwise.config import KVTransferConfig
 from draftwise.engine.arg_utils import engine_config_from_kwargs
-from draftwise.engine.vllm_arg_table import VLLM_ENGINE_ARGS
 
 PASTED = dict(trust_remote_code=True, gpu_memory_utilization=0.9, enable_chunked_prefill=True,
               disable_log_stats=True, max_num_seqs=None, limit_mm_per_prompt={"image": 0},

@@ -5,8 +5,8 @@ types, so a malformed list is an argparse error naming the flag (exit status 2).
 ``BenchOptions.from_args(args)`` checks what needs several flags at once and raises
 ``ValueError`` naming the flag, before any model is loaded. ``configurations(options)``
 expands ``--methods`` x ``--num-speculative-tokens``: ``none`` once, every other method once
-per depth with its ``--speculative-config`` options merged in, each checked by
-``SpeculativeConfig`` (so a ``draft_model`` without ``model`` fails at once, not after an hour).
+per depth with its ``--speculative-config`` options merged in, each checked by ``EngineConfig``
+as ``LLM`` checks it (so a ``draft_model`` without ``model`` fails at once, not after an hour).
 
 Example: ``--methods none,ngram --num-speculative-tokens 1,3`` gives ``none``, ``ngram K=1``,
 ``ngram K=3``.
@@ -19,7 +19,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..spec_decode.config import SpeculativeConfig
+from ..config import EngineConfig
 from ..spec_decode.interface import registered_methods
 from ..validate import add_compilation_args, compilation_flag, json_flag
 
@@ -122,7 +122,7 @@ def configurations(options: BenchOptions) -> list[Configuration]:
             continue
         for depth in options.depths:
             raw = {**options.spec_options.get(method, {}), "method": method, "num_speculative_tokens": depth}
-            SpeculativeConfig.from_value(raw)  # raises ValueError naming the bad key
+            EngineConfig(speculative_config=raw)  # raises ValueError naming the bad key
             found.append(Configuration(method, depth, raw))
     if options.structured_outputs:
         found = [dataclasses.replace(config, grammar_drafts=value == "on")

@@ -1,13 +1,14 @@
 """``EngineArgs``: every engine argument a vLLM user may pass, as vLLM's ``EngineArgs`` carries them.
 
 Fields: ``EngineConfig``'s own arguments (draftwise's defaults), then every other name of vLLM's
-``EngineArgs`` (``vllm_arg_table.py``) with vLLM's default. The same set is ``LLM``'s keywords and
-the engine flags of ``draftwise generate`` / ``serve`` (``add_cli_args``: ``--foo-bar``, and
-``--foo_bar`` as vLLM's parser allows, see ``cli.py``).
+``EngineArgs`` (``compat/vllm/engine_args.py``) with vLLM's default. The same set is ``LLM``'s
+keywords and the engine flags of ``draftwise generate`` / ``serve`` (``add_cli_args``:
+``--foo-bar``, and ``--foo_bar`` as vLLM's parser allows, see ``cli.py``).
 
-``create_engine_config()`` folds the speculative shorthands (``spec_shorthands.py``), checks every
-vLLM-only argument (``vllm_args.py``: refused with the reason where it cannot work here, one log
-line naming the no-ops), and builds the validated ``EngineConfig``. ``None`` for one of our own
+``create_engine_config()`` folds the speculative shorthands (``compat/vllm/spec_shorthands.py``),
+checks every vLLM-only argument (``compat/vllm/arg_rules.py``: refused with the reason where it
+cannot work here, one log line naming the no-ops), and builds the validated ``EngineConfig``
+(which strips vLLM's ``speculative_config`` keys, ``config.py``). ``None`` for one of our own
 arguments means its default, as it does in vLLM. Unknown names are refused by ``check_names``,
 with the closest known names.
 
@@ -22,11 +23,11 @@ import dataclasses
 import difflib
 from typing import Any
 
-from ..config import EngineConfig
-from .engine_flags import add_engine_flags, add_vllm_flags, parse_json_flags
-from .spec_shorthands import CURRENT, LEGACY, LEGACY_NOOPS, fold_speculative_shorthands
-from .vllm_arg_table import VLLM_ENGINE_ARGS
-from .vllm_args import log_noops, resolve_vllm_args
+from ..compat.vllm.arg_rules import log_noops, resolve_vllm_args
+from ..compat.vllm.engine_args import VLLM_ENGINE_ARGS
+from ..compat.vllm.engine_flags import add_engine_flags, add_vllm_flags, parse_json_flags
+from ..compat.vllm.spec_shorthands import CURRENT, LEGACY, LEGACY_NOOPS, fold_speculative_shorthands
+from ..config import EngineConfig, RequestLimits
 
 OWN_ARGS = EngineConfig.argument_names()
 VLLM_ONLY_ARGS = [name for name in VLLM_ENGINE_ARGS if name not in OWN_ARGS and name not in CURRENT]
@@ -50,7 +51,7 @@ class _EngineArgsMethods:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add a flag for every field (our own with their help, vLLM's others in their own group)."""
-        add_engine_flags(parser)
+        add_engine_flags(parser, RequestLimits())
         add_vllm_flags(parser, VLLM_ONLY_ARGS + list(CURRENT))
         return parser
 

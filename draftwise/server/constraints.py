@@ -27,10 +27,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..compat.vllm.request_fields import unknown_field
 from ..structured.params import StructuredOutputsParams
 from .errors import APIError
 from .protocol import ResponseFormat, _SamplingRequest
-from .request_fields import unknown_field
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 FIELDS = tuple(f.name for f in dataclasses.fields(StructuredOutputsParams))

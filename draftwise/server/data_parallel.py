@@ -40,11 +40,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from ..compat.vllm.data_parallel_flags import replica_devices
 from ..errors import EngineDeadError
 from ..metrics.reader import Metric
 from ..sampling_params import SamplingParams
 from .async_engine import RequestFailed, RequestHandle, RequestStream
-from .data_parallel_flags import replica_devices
 from .replica import ReplicaInfo, ReplicaSpec, run_replica
 
 logger = logging.getLogger("draftwise")

@@ -13,13 +13,13 @@ import logging
 import uvicorn
 from transformers import AutoTokenizer
 
+from ..compat.vllm.data_parallel_flags import data_parallel_plan
 from ..engine.arg_utils import engine_config_from_kwargs
 from ..engine.engine import LLMEngine
 from ..models.loader import SMOLLM2_NAME
 from .app import build_app
 from .async_engine import AsyncEngine
 from .data_parallel import DataParallelEngine
-from .data_parallel_flags import data_parallel_plan
 from .guards import header_timeout_protocol
 from .metrics import ServerMetrics
 from .options import ServerOptions, check_vllm_server_flags

@@ -29,9 +29,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from ..engine.engine_flags import add_vllm_flags, parse_json_flags
-from ..engine.vllm_arg_table import VLLM_FRONTEND_ARGS
-from ..engine.vllm_args import log_noops, resolve_vllm_args
+from ..compat.vllm.arg_rules import log_noops, resolve_vllm_args
+from ..compat.vllm.engine_args import VLLM_FRONTEND_ARGS
+from ..compat.vllm.engine_flags import add_vllm_flags, parse_json_flags
 
 SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 

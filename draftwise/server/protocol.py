@@ -7,7 +7,7 @@ sampling fields (``top_k``, ``min_p``, ``repetition_penalty``,
 ``min_tokens``, ``ignore_eos``, ``stop_token_ids``, ``add_special_tokens``,
 ...) are accepted too, through the client's ``extra_body``. No field is
 ignored: ``unsupported_field`` names the first field that is unknown or set
-to a value draftwise does not implement (``request_fields``), answered with
+to a value draftwise does not implement (``compat.vllm.request_fields``), answered with
 400; harmless fields (``user``, ``metadata``, ...) and neutral values pass.
 OpenAI's ``response_format`` and vLLM's ``structured_outputs`` (both
 endpoints) and chat's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .request_fields import extra_field_error, is_neutral, refusal
+from ..compat.vllm.request_fields import extra_field_error, is_neutral, refusal
 from .tool_protocol import ChatTool, DeltaToolCall, ToolCall
 
 
@@ -99,8 +99,8 @@ class _SamplingRequest(BaseModel):
             return self.vllm_xargs
         merged = dict(self.vllm_xargs or {})
         if merged.get("num_speculative_tokens", self.num_speculative_tokens) != self.num_speculative_tokens:
-            raise ValueError("SamplingParams.extra_args=vllm_xargs is invalid: num_speculative_tokens is given twice, at the top level and "
-                             "in vllm_xargs, with different values")
+            raise ValueError("SamplingParams.extra_args=vllm_xargs is invalid: num_speculative_tokens is given twice, "
+                             "at the top level and in vllm_xargs, with different values")
         merged["num_speculative_tokens"] = self.num_speculative_tokens
         return merged
 

@@ -10,7 +10,7 @@ from the same fields (every token: a prompt longer than ``max_model_len`` is
 counted, not refused, as vLLM does). ``/detokenize`` takes ``{"model",
 "tokens"}`` and answers ``{"prompt"}``, the ids decoded; an id outside the
 vocabulary is a 400 naming ``tokens``. Unknown fields and unimplemented
-values are refused as on every route (``request_fields``), an unknown model
+values are refused as on every route (``compat.vllm.request_fields``), an unknown model
 is a 404.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from ..compat.vllm.request_fields import extra_field_error
 from .errors import APIError
 from .protocol import (
     DetokenizeRequest,
@@ -28,7 +29,6 @@ from .protocol import (
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from .request_fields import extra_field_error
 from .serving_base import OpenAIServing
 from .serving_chat import template_messages
 from .tools import template_tools

@@ -1,15 +1,19 @@
-"""``speculative_config``: the vLLM keys, validated, with each method's own options.
+"""``speculative_config``: the keys draftwise reads, validated, with each method's own options.
 
 ``SpeculativeConfig.from_value(raw, target_tensor_parallel_size)`` accepts a
 dict or its JSON text (what ``--speculative-config`` / ``-sc`` carries).
 Common keys are checked here; the keys of one method are the fields of its
-proposer's ``Options`` dataclass, which validates them; vLLM's keys that
-select nothing here are accepted as logged no-ops or refused
-(``vllm_keys.py``). Switches read vLLM's spellings ("False", "true", 1, ...:
-``validate.read_bools``). Every violation raises ``ValueError`` naming the
-key, the value and what is allowed; unknown keys are an error. The registry
-of proposers (``interface.py``) is the only list of methods: a method is
-valid when a proposer registered it.
+proposer's ``Options`` dataclass, which validates them. Switches read vLLM's
+spellings ("False", "true", 1, ...: ``validate.read_bools``). Every violation
+raises ``ValueError`` naming the key, the value and what is allowed; any other
+key is unknown, an error. The registry of proposers (``interface.py``) is the
+only list of methods: a method is valid when a proposer registered it.
+
+This module knows no other engine's keys. vLLM's keys that select nothing here
+are checked and removed before ``from_value`` by the edge
+(``draftwise.compat.vllm.spec_keys``, called by ``EngineConfig``), which asks
+``method_option_keys`` which keys a method owns and ``check_known_keys`` to
+refuse the unknown ones with its own keys named among the allowed.
 """
 from __future__ import annotations
 
@@ -22,8 +26,6 @@ from ..validate import PREFIX, as_bool, check_choice, check_int, parse_json, rea
 from .batch_limits import SCHEDULE_KEY, BatchSizeLimits, Schedule, parse_schedule
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class, registered_methods
-from .vllm_keys import KEYS as VLLM_KEYS
-from .vllm_keys import check_vllm_keys
 
 SUFFIX_MIX_KEY = "enable_suffix_decoding"  # Arctic Inference's key: model drafts mixed with suffix drafts
 _COMMON_KEYS = ("method", "num_speculative_tokens", "model", "draft_model", "draft_tensor_parallel_size",
@@ -52,16 +54,8 @@ class SpeculativeConfig:
     def from_value(cls, raw, target_tensor_parallel_size: int = 1,
                    target_model: str | None = None) -> "SpeculativeConfig":
         raw = as_config_dict(raw)
-        method = _method(raw)
-        proposer = proposer_class(method)
-        if proposer.drafter_in_target and _model(raw) is None and target_model:
-            raw["model"] = str(target_model)
-        option_keys = [f.name for f in dataclasses.fields(proposer.Options)]
-        suffix_config = _suffix_config(raw, method)
-        if suffix_config is not None:
-            option_keys += [k for k in dataclasses.asdict(suffix_config.options) if k in raw]
-        _check_known(raw, method, option_keys)
-        check_vllm_keys({k: v for k, v in raw.items() if k in VLLM_KEYS and k not in option_keys})
+        method, proposer, suffix_config, option_keys = _resolve(raw, target_model)
+        check_known_keys(raw, method, option_keys)
         own_keys = [f.name for f in dataclasses.fields(proposer.Options)]
         options = proposer.Options(**read_bools(proposer.Options, {k: raw[k] for k in own_keys if k in raw}))
         common = read_bools(cls, {k: raw[k] for k in _COMMON_KEYS if k in raw})
@@ -102,6 +96,38 @@ def as_config_dict(raw) -> dict:
     return dict(raw)
 
 
+def method_option_keys(raw: dict) -> tuple[str, list[str]]:
+    """``(method, option_keys)`` of a speculative config dict: the method it names (or its drafter
+    implies) and the keys that method's options own (its proposer's ``Options`` fields, and the suffix
+    proposer's given where ``enable_suffix_decoding`` mixes it in). ``raw`` is not changed; the
+    ``ValueError`` for an invalid method, model or suffix mix is the one ``from_value`` raises first."""
+    method, _, _, option_keys = _resolve(dict(raw), None)
+    return method, option_keys
+
+
+def check_known_keys(raw: dict, method: str, option_keys: list[str], also_allowed=()) -> None:
+    """``ValueError`` naming every key of ``raw`` that is neither common, nor in ``option_keys``, nor in
+    ``also_allowed`` (keys a caller reads itself), with all of them listed as allowed."""
+    allowed = set(_COMMON_KEYS) | set(option_keys) | set(also_allowed)
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"{PREFIX}: unknown key(s) {unknown} for method {method!r}; allowed: {sorted(allowed)}")
+
+
+def _resolve(raw: dict, target_model: str | None) -> tuple[str, type[Proposer], SpeculativeConfig | None, list[str]]:
+    """``(method, proposer, suffix_config, option_keys)`` of ``raw``, in ``from_value``'s order of checks;
+    ``raw`` gains the inferred method and, for a drafter inside the target, the target as its model."""
+    method = _method(raw)
+    proposer = proposer_class(method)
+    if proposer.drafter_in_target and _model(raw) is None and target_model:
+        raw["model"] = str(target_model)
+    option_keys = [f.name for f in dataclasses.fields(proposer.Options)]
+    suffix_config = _suffix_config(raw, method)
+    if suffix_config is not None:
+        option_keys += [k for k in dataclasses.asdict(suffix_config.options) if k in raw]
+    return method, proposer, suffix_config, option_keys
+
+
 def _suffix_config(raw: dict, method: str) -> SpeculativeConfig | None:
     """The suffix proposer's config where ``enable_suffix_decoding`` is on (its ``suffix_decoding_*`` keys)."""
     if not as_bool(SUFFIX_MIX_KEY, raw.get(SUFFIX_MIX_KEY, False)):
@@ -113,13 +139,6 @@ def _suffix_config(raw: dict, method: str) -> SpeculativeConfig | None:
     keys = [f.name for f in dataclasses.fields(suffix.Options)]
     options = suffix.Options(**read_bools(suffix.Options, {k: raw[k] for k in keys if k in raw}))
     return SpeculativeConfig(method="suffix", num_speculative_tokens=1, options=options, proposer_cls=suffix)
-
-
-def _check_known(raw: dict, method: str, option_keys: list[str]) -> None:
-    allowed = set(_COMMON_KEYS) | set(option_keys) | set(VLLM_KEYS)
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise ValueError(f"{PREFIX}: unknown key(s) {unknown} for method {method!r}; allowed: {sorted(allowed)}")
 
 
 def _method(raw: dict) -> str:

@@ -1,7 +1,7 @@
 """vLLM's ``--data-parallel-*`` flags on ``draftwise serve``: how many replicas, their engine flags, their GPUs.
 
 ``data_parallel_plan(engine_kwargs)`` reads ``data_parallel_size`` (the number of replicas, all on
-this machine behind one server: ``data_parallel.py``), logs the other ``data_parallel_*`` flags set
+this machine behind one server: ``server/data_parallel.py``), logs the other ``data_parallel_*`` flags set
 as no-ops once (the replicas get them at vLLM's defaults, so they do not log them again), and
 refuses the layouts that would need other nodes or other servers. ``replica_devices`` gives each
 replica ``tensor_parallel_size`` GPUs of its own on CUDA, as vLLM does.
@@ -12,8 +12,8 @@ import os
 
 import torch
 
-from ..engine.vllm_arg_table import VLLM_ENGINE_ARGS
-from ..engine.vllm_args import check_type, log_noops, resolve_vllm_args
+from .arg_rules import check_type, log_noops, resolve_vllm_args
+from .engine_args import VLLM_ENGINE_ARGS
 
 _DP_ARGS = ["data_parallel_size"] + [name for name in VLLM_ENGINE_ARGS
                                      if name.startswith("data_parallel_") and name != "data_parallel_size"]

@@ -1,6 +1,6 @@
 """vLLM's engine arguments that have no field in ``EngineConfig``: what each one does in draftwise.
 
-``VLLM_ENGINE_ARGS`` (``vllm_arg_table.py``, generated from vLLM's ``EngineArgs``) gives every name
+``VLLM_ENGINE_ARGS`` (``engine_args.py``, generated from vLLM's ``EngineArgs``) gives every name
 its vLLM default and type. ``resolve_vllm_args(values)`` checks each given value's type (a wrong
 type is a ``ValueError`` naming the argument), then sorts it into one of two kinds:
 
@@ -9,6 +9,9 @@ type is a ``ValueError`` naming the argument), then sorts it into one of two kin
   so it is refused with the reason;
 * the rest are no-ops on these models and this hardware; a value other than vLLM's default gives
   one log line naming the argument and why it changes nothing (``noop_reason``).
+
+``FRONTEND_ACCEPTED`` and ``resolve_vllm_args(values, frontend=True)`` do the same for the server's
+own vLLM flags (``VLLM_FRONTEND_ARGS``: TLS, CORS, tool parsers, ...), which ``draftwise serve`` takes.
 
 Arguments with a meaning here are ``EngineConfig`` fields of their own (``gpu_memory_utilization``,
 ``generation_config``, ``disable_log_stats``, ...) or speculative shorthands (``spec_shorthands.py``);
@@ -20,7 +23,7 @@ import dataclasses
 import fnmatch
 import logging
 
-from .vllm_arg_table import VLLM_ENGINE_ARGS, VLLM_FRONTEND_ARGS, VLLM_VERSION
+from .engine_args import VLLM_ENGINE_ARGS, VLLM_FRONTEND_ARGS, VLLM_VERSION
 
 logger = logging.getLogger("draftwise")
 

@@ -1,9 +1,9 @@
 """The engine's command-line flags: one per ``EngineArgs`` field (``draftwise generate`` and ``serve``).
 
 ``add_engine_flags`` adds draftwise's own arguments with their help; ``add_vllm_flags`` adds the
-rest of vLLM's ``EngineArgs`` names in a group of their own, typed from ``vllm_arg_table.py``
+rest of vLLM's ``EngineArgs`` names in a group of their own, typed from ``engine_args.py``
 (booleans as ``--x`` / ``--no-x``, lists as several values, dicts as JSON) and documented with what
-they do here (``vllm_args.py``). ``parse_json_flags`` turns the JSON-valued flags' text into
+they do here (``arg_rules.py``). ``parse_json_flags`` turns the JSON-valued flags' text into
 objects (``ValueError`` naming the flag).
 """
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..config import RequestLimits
-from ..validate import add_compilation_args, compilation_flag, json_flag
-from .vllm_arg_table import VLLM_ENGINE_ARGS, VLLM_FRONTEND_ARGS
-from .vllm_args import ACCEPTED, FRONTEND_ACCEPTED, noop_reason
+from ...validate import add_compilation_args, compilation_flag, json_flag
+from .arg_rules import ACCEPTED, FRONTEND_ACCEPTED, noop_reason
+from .engine_args import VLLM_ENGINE_ARGS, VLLM_FRONTEND_ARGS
 
 OWN_JSON_FLAGS = ("speculative_config", "additional_config", "kv_transfer_config", "override_generation_config")
 
@@ -28,7 +27,8 @@ def _stall_factor(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"a number >= 1 or 'off', got {text!r}") from None
 
 
-def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+def add_engine_flags(parser: argparse.ArgumentParser, limits) -> None:
+    """draftwise's own engine flags; ``limits`` (``config.RequestLimits()``) gives the per-request caps' defaults."""
     add = parser.add_argument
     add("--model", default=None,
         help="local HF directory, .gguf file, or a bundled name (default: SmolLM2-135M-Instruct)")
@@ -65,14 +65,14 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     add("--decode-stall-factor", type=_stall_factor, default=None, metavar="FACTOR|off",
         help="while sequences decode, bound the prefill joining a step so the step takes at most this many "
              "times the decode-only step (default: 2.75 for serve, off elsewhere)")
-    limits = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
-    limits.add_argument("--max-n", type=int, default=RequestLimits.max_n, help="choices (sequences) per request")
-    limits.add_argument("--max-logprobs", type=int, default=RequestLimits.max_logprobs,
-                        help="top logprobs per token (vLLM's flag)")
-    limits.add_argument("--max-stop-strings", type=int, default=RequestLimits.max_stop_strings,
-                        help="stop strings per request")
-    limits.add_argument("--max-stop-string-length", type=int, default=RequestLimits.max_stop_string_length,
-                        help="characters per stop string")
+    caps = parser.add_argument_group("per-request caps (a request past them is refused, 400 on the server)")
+    caps.add_argument("--max-n", type=int, default=limits.max_n, help="choices (sequences) per request")
+    caps.add_argument("--max-logprobs", type=int, default=limits.max_logprobs,
+                      help="top logprobs per token (vLLM's flag)")
+    caps.add_argument("--max-stop-strings", type=int, default=limits.max_stop_strings,
+                      help="stop strings per request")
+    caps.add_argument("--max-stop-string-length", type=int, default=limits.max_stop_string_length,
+                      help="characters per stop string")
 
 
 def add_vllm_flags(parser: argparse.ArgumentParser, names: list[str], frontend: bool = False) -> None:

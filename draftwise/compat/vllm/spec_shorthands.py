@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from ..drafters import resolve_drafter
-from ..spec_decode.config import as_config_dict
-from ..spec_decode.drafter_checkpoint import infer_method
+from ...drafters import resolve_drafter
+from ...spec_decode.config import as_config_dict
+from ...spec_decode.drafter_checkpoint import infer_method
 
 logger = logging.getLogger("draftwise")
 

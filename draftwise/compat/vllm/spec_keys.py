@@ -1,5 +1,11 @@
 """The keys of vLLM's ``speculative_config`` that select nothing in draftwise, and what each does here.
 
+``strip_vllm_keys(raw)`` is the edge between a user's ``speculative_config`` and the core
+``SpeculativeConfig``, which knows none of these keys: it refuses unknown keys as the core does
+(naming these among the allowed), checks these keys, and returns the config without them.
+``EngineConfig`` calls it on every ``speculative_config`` it is given (``LLM``, ``serve``,
+``generate`` and a directly built ``EngineConfig`` alike).
+
 A config pasted from vLLM (or from an older vLLM's docs) may carry keys that tune vLLM's own
 machinery (kernels, compilation, Hub revisions, V0's scorer) or that switch on features
 draftwise does not have. ``KEYS`` lists each with the values that need no word (vLLM's
@@ -13,16 +19,17 @@ default first):
   raises ``ValueError`` naming the key, why, and the value allowed.
 
 Keys draftwise gives a meaning (``max_model_len``, ``disable_by_batch_size``,
-``tensor_parallel_size``, ...) are read by ``config.py``; a method's own keys (the fields
-of its proposer's ``Options``, e.g. ``draft_model``'s ``draft_sample_method``) take
-precedence over this table.
+``tensor_parallel_size``, ...) are read by ``spec_decode/config.py``; a method's own keys (the
+fields of its proposer's ``Options``, e.g. ``draft_model``'s ``draft_sample_method``) take
+precedence over this table: they are left in the config for the method's options to read.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, NamedTuple
 
-from ..validate import PREFIX, as_bool
+from ...spec_decode.config import as_config_dict, check_known_keys, method_option_keys
+from ...validate import PREFIX, as_bool
 
 logger = logging.getLogger("draftwise")
 
@@ -91,6 +98,18 @@ KEYS: dict[str, VllmKey] = {
     "draft_sample_method": VllmKey("any", ("greedy",), True, "only method 'draft_model' draws probabilistic "
                                    "drafts here; this method drafts its argmax"),
 }
+
+
+def strip_vllm_keys(raw) -> dict:
+    """``raw`` (a speculative config dict or its JSON text) as a dict without the ``KEYS`` its method's
+    options do not own, those checked by ``check_vllm_keys``. ``ValueError``, in ``SpeculativeConfig``'s
+    order: an invalid method, model or suffix mix, then unknown keys, then a refused or mistyped key."""
+    raw = as_config_dict(raw)
+    method, option_keys = method_option_keys(raw)
+    check_known_keys(raw, method, option_keys, also_allowed=KEYS)
+    vllm_only = {k: v for k, v in raw.items() if k in KEYS and k not in option_keys}
+    check_vllm_keys(vllm_only)
+    return {k: v for k, v in raw.items() if k not in vllm_only}
 
 
 def check_vllm_keys(values: dict) -> None:

@@ -17,9 +17,9 @@ are refused with the same message (``refusal``). ``extra_field_error`` returns
 
 Implemented, so declared by the request models and not listed here:
 ``response_format`` and ``structured_outputs`` (both endpoints,
-``constraints.py``), chat's ``tools``, ``tool_choice`` (``"none"``,
+``server/constraints.py``), chat's ``tools``, ``tool_choice`` (``"none"``,
 ``"required"``, a named function; ``"auto"`` is refused there, naming
-``tool_choice``), ``parallel_tool_calls`` (``tools.py``) and vLLM's ``vllm_xargs`` (with a top-level
+``tool_choice``), ``parallel_tool_calls`` (``server/tools.py``) and vLLM's ``vllm_xargs`` (with a top-level
 ``num_speculative_tokens``: ``SamplingParams.extra_args``). Still refused:
 vLLM's ``guided_*`` fields (vLLM 0.32 removed them), OpenAI's deprecated
 ``functions`` / ``function_call``, and ``tools`` / ``tool_choice`` on
