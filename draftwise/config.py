@@ -47,18 +47,20 @@ QUANTIZATIONS = (None, "gguf", "q8_0", "q4_0", "q4_1")  # None / "gguf": the che
 
 @dataclass(slots=True)
 class EngineConfig:
+    # a local Hugging Face directory, a .gguf file, or a bundled name; None: SmolLM2-135M-Instruct
     model: str | None = None
-    tokenizer: str | None = None
+    tokenizer: str | None = None  # a directory with the tokenizer files; None: the model's own
+    # "auto" (bf16 on GPUs and CPUs with native bf16, else fp32), "float32", "bfloat16", "float16" or a torch.dtype
     dtype: str | torch.dtype = "auto"
     # weight-only quantization of the layer linears and the head at load, on CPU (models/quantize.py);
     # None or "gguf": a GGUF file's own blocks where the model is one, the checkpoint's floats otherwise
     quantization: str | None = None
-    seed: int = 0
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    enforce_eager: bool = False
+    seed: int = 0  # keys the sampling noise of requests without a seed of their own
+    max_model_len: int | None = None  # prompt + output tokens per sequence; None: the model's context length
+    max_num_seqs: int = 256  # sequences in one step's batch
+    max_num_batched_tokens: int | None = None  # tokens in one step (prefill chunks included); None: chosen
+    kv_cache_memory_bytes: int | None = None  # the paged KV cache; None: a quarter of free memory, at most 2 GiB
+    enforce_eager: bool = False  # no compiled or captured graphs (vLLM's argument)
     enable_prefix_caching: bool | None = None  # None: on (as in vLLM) where the method allows it
     async_scheduling: bool = False  # overlap a step's forward with the previous step's output building
     disable_log_stats: bool = False  # no periodic throughput / acceptance log lines (vLLM's argument)
@@ -66,23 +68,26 @@ class EngineConfig:
     # LLM.get_default_sampling_params: "auto" (the model's generation_config.json), "vllm" (none) or a
     # directory holding one; override_generation_config's keys win over it
     generation_config: str = "auto"
-    override_generation_config: dict | None = None
+    override_generation_config: dict | None = None  # sampling defaults that win over generation_config's
     # while sequences decode, a step with prefill may take at most this many times the decode-only step
     # (predicted by the step-cost model); None: prefill chunks fill max_num_batched_tokens, as in vLLM
     decode_stall_factor: float | None = None
+    # torch.compile of the target: a dict, a JSON string or an optimization level (0-3, as -O3)
     compilation_config: dict | str | int | CompilationConfig | None = None
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks the target's layers are split across (torch.distributed)
     distributed_executor_backend: str | None = None  # "mp" (default for N > 1), "ray", "uni" (one rank)
-    speculative_config: dict | str | None = None
+    speculative_config: dict | str | None = None  # the method and its keys (docs/speculative-decoding.md)
+    # gguf_int4, gguf_weights, grammar_drafts, rejection_sampler_config (block / entropy verify)
     additional_config: dict | None = None
+    # ExampleHiddenStatesConnector: where extract_hidden_states writes each request's states
     kv_transfer_config: dict | KVTransferConfig | None = None
-    device: str = "auto"
+    device: str = "auto"  # "cpu", "cuda" or "auto" (CUDA where present)
     block_size: int = BLOCK_SIZE
-    # per-request caps that protect the pool (engine/request_checks.py); defaults: RequestLimits'
-    max_n: int = RequestLimits.max_n
-    max_logprobs: int = RequestLimits.max_logprobs
-    max_stop_strings: int = RequestLimits.max_stop_strings
-    max_stop_string_length: int = RequestLimits.max_stop_string_length
+    # per-request caps that protect the pool (engine/request_checks.py)
+    max_n: int = RequestLimits.max_n  # n (parallel samples) per request
+    max_logprobs: int = RequestLimits.max_logprobs  # top logprobs per token (vLLM's name and default)
+    max_stop_strings: int = RequestLimits.max_stop_strings  # stop strings per request
+    max_stop_string_length: int = RequestLimits.max_stop_string_length  # characters per stop string
     # Derived: the validated speculative and compilation configs; the verify rules that act at its draft length
     # (additional_config["rejection_sampler_config"]); the model path resolved by the engine.
     speculative: SpeculativeConfig | None = field(default=None, repr=False)

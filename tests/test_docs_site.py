@@ -31,3 +31,15 @@ def test_every_doc_page_is_in_the_nav():
     listed = {page for page in pages if page in nav}
     assert listed == pages, sorted(pages - listed)
     assert yaml.safe_load(nav.split("validation:")[0])["nav"]
+
+
+def test_generated_reference_pages_match_the_code():
+    """docs/reference/ is written from EngineConfig and the vLLM tables: a field or rule changed
+    without rerunning scripts/gen_docs_reference.py fails here."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gen_docs_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    for path, text in gen_docs_reference.render().items():
+        assert path.is_file() and path.read_text() == text, f"{path} is stale: run python scripts/gen_docs_reference.py"
