@@ -13,6 +13,7 @@ import itertools
 
 from .outputs import Logprob
 from .sampling_params import SamplingParams
+from .spec_state import SpecState
 
 _seq_counter = itertools.count()
 
@@ -50,24 +51,8 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text = ""  # detokenized output, truncated at a stop string when one matched
-        # Speculative decoding: drafts proposed for the next step, and what the drafter has seen.
-        self.spec_token_ids: list[int] = []
-        self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None (one-hot)
-        self.drafter_num_computed_tokens = 0  # positions held by the proposer's own KV cache
-        self.drafter_blocked = False  # its cached prefix lacks the drafter's K/V: it decodes plainly
-        self.num_drafts = 0  # steps that verified at least one draft of this sequence
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
-        self.draft_accepted = 0.0  # decayed counts behind the draft length policy's acceptance estimate
-        self.draft_tried = 0.0
+        self.spec = SpecState()  # drafts, drafter position, acceptance counters (spec_state.py)
         self.kv_transfer_params: dict | None = None  # what a proposer handed over (hidden states file)
-
-    def reset_speculation(self) -> None:
-        """Forget drafts and drafter state (after preemption, the KV is recomputed from scratch)."""
-        self.spec_token_ids = []
-        self.spec_probs = None
-        self.drafter_num_computed_tokens = 0
-        self.drafter_blocked = False
 
     def truncate_output(self, num_output_tokens: int) -> None:
         """Keep the first ``num_output_tokens`` output tokens (a finished sequence's output only)."""

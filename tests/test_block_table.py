@@ -33,7 +33,7 @@ def test_rows_follow_every_change_of_the_block_lists():
         elif action < 0.9:
             bm.free(seq)
         elif not seq.block_ids:
-            seq.num_computed_tokens = bm.match_prefix(seq)
+            seq.num_computed_tokens = bm.match_prefix(seq).num_tokens
         for s in seqs:
             assert _row(bm, s) == s.block_ids
     rows = [s.block_table_row for s in seqs if s.block_ids]

@@ -192,13 +192,13 @@ def test_a_withheld_batch_is_probed_one_sequence_at_a_time():
     prior = policy.prior
     seqs = [Sequence(f"s{i}", i, [1, 2, 3], SamplingParams(), 0, 0.0) for i in range(8)]
     for i, seq in enumerate(seqs):
-        seq.draft_tried = 0.1 if i == 5 else 1.0 + i
-    seqs[2].drafter_num_computed_tokens = 2  # its drafter lags one position, the others three
+        seq.spec.draft_tried = 0.1 if i == 5 else 1.0 + i
+    seqs[2].spec.drafter_num_computed_tokens = 2  # its drafter lags one position, the others three
     steps = [policy.limits(seqs, [4] * 8, 8) for _ in range(3 * PROBE_EVERY)]
     probes = {n: chosen for n, chosen in enumerate(steps) if any(chosen)}
     assert list(probes) == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
     assert all(chosen == [0, 0, 1] + [0] * 5 for chosen in probes.values())
-    seqs[2].drafter_num_computed_tokens = 0
+    seqs[2].spec.drafter_num_computed_tokens = 0
     steps = [policy.limits(seqs, [4] * 8, 8) for _ in range(PROBE_EVERY)]
     assert steps[-1] == [0] * 5 + [1, 0, 0] and not any(map(any, steps[:-1]))  # the least known
     assert policy.prior == prior

@@ -74,8 +74,8 @@ def engine_drafts(model_dir, config: dict, num_steps: int = 4):
     for _ in range(num_steps):
         engine.step()
     seq = engine.requests["r"].seqs[0]
-    assert seq.spec_token_ids, "the proposer drafted nothing"
-    return list(seq.all_token_ids), list(seq.spec_token_ids)
+    assert seq.spec.draft_token_ids, "the proposer drafted nothing"
+    return list(seq.all_token_ids), list(seq.spec.draft_token_ids)
 
 
 def chain(first_hidden, tokens, num, forward, draft):

@@ -114,3 +114,27 @@ def test_only_the_edge_imports_compat():
     assert all((ROOT / edge).exists() for edge in EDGE), EDGE
     assert any(m.startswith("draftwise.compat.") for m in _imports(ROOT / "config.py"))  # the reader sees them
     assert compat_importers() == []
+
+
+def test_speculative_state_changes_only_through_its_methods():
+    """``Sequence.spec`` (``spec_state.py``) has one owner: no module assigns its fields; they change
+    through ``SpecState``'s methods (``set_drafts``, ``roll_back``, ...), so "who moved the drafter's
+    position?" has one answer per method."""
+    import dataclasses
+
+    from draftwise.spec_state import SpecState
+
+    fields = {f.name for f in dataclasses.fields(SpecState)}
+    offenders = []
+    for path in ROOT.rglob("*.py"):
+        if path.name == "spec_state.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if (isinstance(leaf, ast.Attribute) and leaf.attr in fields
+                            and isinstance(leaf.value, ast.Attribute) and leaf.value.attr == "spec"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} .spec.{leaf.attr}")
+    assert not offenders, offenders

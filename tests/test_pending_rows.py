@@ -34,7 +34,7 @@ def _run(model_dir, config: dict, drafts_now, max_rows: int = 1000):
 
     def propose(batch, inner=proposer.propose):
         drafts = inner(batch)
-        waiting = [s.num_tokens - 1 - s.drafter_num_computed_tokens for s in batch.seqs]  # rows not ingested
+        waiting = [s.num_tokens - 1 - s.spec.drafter_num_computed_tokens for s in batch.seqs]  # rows not ingested
         state["lag"] = max([state["lag"]] + waiting)
         for i, seq in enumerate(batch.seqs):
             if drafts.num_draft_tokens[i]:

@@ -149,11 +149,11 @@ def _drafter_kv_after_prefill(llm, token_ids) -> tuple[torch.Tensor, int]:
     engine.add_request("probe", {"prompt_token_ids": token_ids}, greedy(8))
     seq = engine.requests["probe"].seqs[0]
     for _ in range(3):
-        if seq.drafter_num_computed_tokens >= len(token_ids) - 1:
+        if seq.spec.drafter_num_computed_tokens >= len(token_ids) - 1:
             break
         engine.step()
-    assert seq.drafter_num_computed_tokens >= len(token_ids) - 1
-    positions = range(seq.drafter_num_computed_tokens)
+    assert seq.spec.drafter_num_computed_tokens >= len(token_ids) - 1
+    positions = range(seq.spec.drafter_num_computed_tokens)
     slots = torch.tensor([seq.block_ids[p // BLOCK] * BLOCK + p % BLOCK for p in positions])
     kv = engine.speculator.proposer.kv_cache[:, :, slots].clone()  # [layers, 2, positions, heads, dim]
     while engine.has_unfinished_requests():

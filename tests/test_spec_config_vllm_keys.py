@@ -197,10 +197,10 @@ def test_max_model_len_stops_drafting_past_it(tiny_model_dir):
     def check(seqs):
         for s in seqs:
             if s.num_tokens + k > limit:
-                assert s.spec_token_ids == [], (s.num_tokens, s.spec_token_ids)
+                assert s.spec.draft_token_ids == [], (s.num_tokens, s.spec.draft_token_ids)
                 seen["past"] += 1
             else:
-                assert len(s.spec_token_ids) == k
+                assert len(s.spec.draft_token_ids) == k
                 seen["below"] += 1
 
     step_all(llm, check)
@@ -236,9 +236,9 @@ def test_disable_by_batch_size_pauses_drafting_while_that_many_requests_run(meth
 
     def check(seqs):
         if len(seqs) >= 2:  # vLLM V0: running_queue_size >= disable_by_batch_size -> no speculation
-            assert all(s.spec_token_ids == [] for s in seqs)
+            assert all(s.spec.draft_token_ids == [] for s in seqs)
             phases["both"] += 1
-        elif any(s.spec_token_ids for s in seqs):
+        elif any(s.spec.draft_token_ids for s in seqs):
             phases["one"] += 1
 
     drafts = []
@@ -265,7 +265,7 @@ def test_batch_size_schedule_sets_the_draft_length(tiny_model_dir):
     def check(seqs):
         if seqs:
             size = min(len(seqs), 2)
-            longest[size] = max([longest[size]] + [len(s.spec_token_ids) for s in seqs])
+            longest[size] = max([longest[size]] + [len(s.spec.draft_token_ids) for s in seqs])
 
     outputs = two_requests(llm, check)
     assert longest == {1: 3, 2: 1}

@@ -99,8 +99,7 @@ class DraftLengthPolicy:
         chosen = self.allocate(gains, num_base_rows, drafting_seconds, [seq.num_tokens for seq in seqs])
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
-                seq.draft_accepted *= WITHHELD_DECAY
-                seq.draft_tried *= WITHHELD_DECAY
+                seq.spec.decay_estimate(WITHHELD_DECAY)
         if any(chosen) or not any(max_num_drafts):
             self.idle_steps = 0
         else:
@@ -166,14 +165,14 @@ class DraftLengthPolicy:
 
     def alpha(self, seq: Sequence) -> float:
         # new: the method's own; known (its evidence fading while withheld): probe again at most at PRIOR
-        prior = self.prior if seq.draft_tried == 0.0 else min(PRIOR, self.prior)
-        return (seq.draft_accepted + prior * PSEUDO) / (seq.draft_tried + PSEUDO)
+        spec = seq.spec
+        prior = self.prior if spec.draft_tried == 0.0 else min(PRIOR, self.prior)
+        return (spec.draft_accepted + prior * PSEUDO) / (spec.draft_tried + PSEUDO)
 
     def observe(self, seq: Sequence, num_drafts: int, num_accepted: int) -> None:
         """Record one verified draft: ``num_accepted`` of ``num_drafts`` tokens accepted."""
         tried = num_accepted + (1 if num_accepted < num_drafts else 0)
-        seq.draft_accepted = DECAY * seq.draft_accepted + num_accepted
-        seq.draft_tried = DECAY * seq.draft_tried + tried
+        seq.spec.estimate(DECAY, num_accepted, tried)
         self.accepted = PRIOR_DECAY * self.accepted + num_accepted
         self.tried = PRIOR_DECAY * self.tried + tried
 
@@ -181,7 +180,7 @@ class DraftLengthPolicy:
 def _probe_cost(seq: Sequence) -> tuple[int, float]:
     """Which sequence to probe first: the one whose drafter lags least (a drafter keeping K/V catches
     up on the positions it skipped before drafting), then the least known."""
-    return seq.num_tokens - seq.drafter_num_computed_tokens, seq.draft_tried
+    return seq.num_tokens - seq.spec.drafter_num_computed_tokens, seq.spec.draft_tried
 
 
 def _geometric(alpha: float, num: int) -> list[float]:

@@ -372,8 +372,8 @@ class LLMEngine:
         for item in plan.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
         for seq, num_accepted in zip(result.seqs, result.num_accepted):
-            self.block_manager.rollback(seq, num_accepted)
-            seq.spec_token_ids, seq.spec_probs = [], None  # verified: the next drafts come below
+            seq.spec.roll_back(self.block_manager.rollback(seq, num_accepted))
+            seq.spec.clear_drafts()  # verified: the next drafts come below
         spec = self.speculator
         if spec:
             spec.on_verified(result)

@@ -94,7 +94,7 @@ class ModelRunner:
             residual = masks.residual_probs
         spec = None
         if any(drafts) or residual:
-            spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec_probs for s in seqs], self.device, residual)
+            spec = SpecDecodeMetadata.from_drafts(drafts, [s.spec.draft_probs for s in seqs], self.device, residual)
         host = sample(logits, meta, spec, self.verify_rule).to_host()
         return StepResult(seqs, host.token_ids, [len(d) for d in drafts], host.logprobs, host.ranks,
                           host.top_ids, host.top_logprobs, target_hidden, prompt_scores)

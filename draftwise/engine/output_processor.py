@@ -148,9 +148,9 @@ def request_metrics(seqs: list[Sequence]) -> RequestMetrics:
         finished_time=max((s.finished_time or 0 for s in seqs), default=None) or None,
         num_generation_tokens=sum(s.num_output_tokens for s in seqs),
         num_preemptions=sum(s.num_preemptions for s in seqs),
-        spec_num_drafts=sum(s.num_drafts for s in seqs),
-        spec_num_draft_tokens=sum(s.num_draft_tokens for s in seqs),
-        spec_num_accepted_tokens=sum(s.num_accepted_tokens for s in seqs))
+        spec_num_drafts=sum(s.spec.num_drafts for s in seqs),
+        spec_num_draft_tokens=sum(s.spec.num_draft_tokens for s in seqs),
+        spec_num_accepted_tokens=sum(s.spec.num_accepted_tokens for s in seqs))
 
 
 def error_output(request_id: str, prompt: str | None, seqs: list[Sequence]) -> RequestOutput:

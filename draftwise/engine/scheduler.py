@@ -175,9 +175,9 @@ class Scheduler:
 
     def _drafts(self, seq: Sequence, num_new: int, budget: int) -> list[int]:
         """The drafts to verify this step: only when the step samples, within budget and free blocks."""
-        if not seq.spec_token_ids or seq.num_computed_tokens + num_new != seq.num_tokens:
+        if not seq.spec.draft_token_ids or seq.num_computed_tokens + num_new != seq.num_tokens:
             return []
-        drafts = seq.spec_token_ids[:budget]
+        drafts = seq.spec.draft_token_ids[:budget]
         base = seq.num_computed_tokens + num_new
         while drafts and not self.block_manager.ensure(seq, base + len(drafts)):
             drafts = drafts[:max(0, len(seq.block_ids) * self.block_manager.block_size - base)]
@@ -191,7 +191,10 @@ class Scheduler:
             seq = self.waiting[0]
             lookup = seq.num_computed_tokens == 0 and not scores_prompt(seq)
             if lookup:
-                seq.num_computed_tokens = self.block_manager.match_prefix(seq)
+                hit = self.block_manager.match_prefix(seq)
+                seq.num_computed_tokens = hit.num_tokens
+                if hit.drafter_num_tokens is not None:
+                    seq.spec.admit(hit.drafter_num_tokens, hit.drafter_blocked)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.ensure(seq, seq.num_computed_tokens + num_new):
                 if lookup:  # give the cached blocks back; they are looked up again next time
@@ -211,7 +214,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
-        seq.reset_speculation()
+        seq.spec.reset()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

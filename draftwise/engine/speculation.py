@@ -85,9 +85,7 @@ class Speculator:
         for seq, num_accepted, num_drafts in zip(result.seqs, result.num_accepted, result.num_draft_tokens):
             if num_drafts == 0:
                 continue
-            seq.num_drafts += 1
-            seq.num_draft_tokens += num_drafts
-            seq.num_accepted_tokens += num_accepted
+            seq.spec.observe(num_drafts, num_accepted)
             self.policy.observe(seq, num_drafts, num_accepted)
             self.proposer.observe(seq, num_drafts, num_accepted)
             step.observe(num_drafts, num_accepted)
@@ -124,8 +122,8 @@ class Speculator:
                                                             [seq.num_tokens for seq in seqs]))
         token_rows = drafts.token_ids.tolist()
         for i, (seq, num) in enumerate(zip(seqs, nums)):
-            seq.spec_token_ids = token_rows[i][:num]
-            seq.spec_probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
+            probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
+            seq.spec.set_drafts(token_rows[i][:num], probs)
         self.draft_limits.add(plan)
         plan.log()
         self.last_plan = plan
@@ -154,7 +152,7 @@ class Speculator:
 
     def _limit_per_sequence(self, plan: DraftPlan, seqs: list[Sequence]) -> None:
         """The limits a sequence carries alone: the drafter's cache and context, the request, its length."""
-        plan.limit("drafter_blocked", [0 if seq.drafter_blocked else self.num_spec_tokens for seq in seqs])
+        plan.limit("drafter_blocked", [0 if seq.spec.drafter_blocked else self.num_spec_tokens for seq in seqs])
         drafter_limit = self.drafter_max_model_len  # past it: no drafts (as vLLM skips such sequences)
         if drafter_limit is not None:
             plan.limit("drafter_max_model_len", [0 if seq.num_tokens + self.num_spec_tokens > drafter_limit

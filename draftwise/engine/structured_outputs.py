@@ -68,7 +68,7 @@ class GrammarMasks:
 class _SeqGrammar:
     state: GrammarState
     drafted: GrammarDraft | None = None  # the drafts set for the next step
-    draft_ids: list[int] | None = None  # the list given as seq.spec_token_ids
+    draft_ids: list[int] | None = None  # the list given as seq.spec.draft_token_ids
     residual: torch.Tensor | None = None  # [vocab] q of the proposer's draft the grammar cut
 
 
@@ -218,7 +218,7 @@ class StructuredOutputs:
     @staticmethod
     def _residual(seq: Sequence, rec: _SeqGrammar | None, draft: list[int]) -> torch.Tensor | None:
         """The cut draft's q, if the drafts set with it are the ones verified, all of them."""
-        if rec is None or rec.residual is None or seq.spec_token_ids is not rec.draft_ids:
+        if rec is None or rec.residual is None or seq.spec.draft_token_ids is not rec.draft_ids:
             return None
         return rec.residual if len(draft) == len(rec.draft_ids) else None
 
@@ -257,12 +257,12 @@ class StructuredOutputs:
             try:
                 self._draft_one(seq, rec)
             except Exception as exc:
-                seq.spec_token_ids, seq.spec_probs = [], None
+                seq.spec.clear_drafts()
                 failed.append((seq, exc))
         return failed
 
     def _draft_one(self, seq: Sequence, rec: _SeqGrammar) -> None:
-        proposed = seq.spec_token_ids
+        proposed = seq.spec.draft_token_ids
         cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
         request_cap = seq.params.num_speculative_tokens  # the request's own cap holds for the grammar's too
         limit = min(cap, seq.num_draft_slots(self.max_model_len), cap if request_cap is None else request_cap)
@@ -271,20 +271,19 @@ class StructuredOutputs:
 
     @staticmethod
     def _set_drafts(seq: Sequence, rec: _SeqGrammar, out: GrammarDraft, proposed: list[int]) -> None:
-        probs = seq.spec_probs  # [len(proposed), vocab] or None (one-hot drafts)
+        probs = seq.spec.draft_probs  # [len(proposed), vocab] or None (one-hot drafts)
         common = next((i for i, (a, b) in enumerate(zip(proposed, out.token_ids)) if a != b),
                       min(len(proposed), len(out.token_ids)))
-        # A drafter's own K/V holds its drafts' positions: keep only those the final drafts share.
-        seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_tokens + common)
         rec.residual = probs[len(out.token_ids)] if out.cut and probs is not None else None
         num = len(out.token_ids)
+        new_probs = None
         if probs is not None and num:  # the proposer's q where its draft is kept, one-hot where the grammar's
             one_hot = torch.nn.functional.one_hot(torch.tensor(out.token_ids, device=probs.device),
                                                   probs.shape[-1]).to(probs.dtype)
             kept = torch.cat([probs[:num], probs.new_zeros(max(0, num - probs.shape[0]), probs.shape[-1])])
             forced = torch.tensor(out.from_grammar, device=probs.device)[:, None]
-            seq.spec_probs = torch.where(forced, one_hot, kept)
-        else:
-            seq.spec_probs = None
-        seq.spec_token_ids = rec.draft_ids = out.token_ids
+            new_probs = torch.where(forced, one_hot, kept)
+        # A drafter's own K/V holds its drafts' positions: keep only those the final drafts share.
+        seq.spec.cut_drafts(out.token_ids, new_probs, seq.num_tokens + common)
+        rec.draft_ids = out.token_ids
         rec.drafted = out

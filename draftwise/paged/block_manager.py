@@ -9,8 +9,8 @@ chunks, drafts to verify).
 
 ``rollback(seq, num_accepted)`` is the one place a verify step's outcome
 reaches the cache: it alone advances ``num_computed_tokens`` over accepted
-drafts, gives back blocks past the new end, and clips what a drafter's own
-cache holds (``drafter_num_computed_tokens``) to the accepted positions. The
+drafts and gives back blocks past the new end, which it returns: the speculation
+side clips what a drafter's own cache holds (``SpecState.roll_back``) to it. The
 K/V of rejected positions stays in its slots and is overwritten later.
 
 ``scratch(name, num_tokens, num_slots)`` lends a throwaway sequence for
@@ -41,12 +41,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from .block_table import BlockTable
 from .prefix_cache import PrefixCache, block_keys
+
+class PrefixHit(NamedTuple):
+    """What ``match_prefix`` found: cached tokens, and where the pool tracks a drafter's K/V, how many
+    of them hold it too and whether the sequence must decode plainly (``SpecState.admit``)."""
+    num_tokens: int
+    drafter_num_tokens: int | None = None
+    drafter_blocked: bool = False
+
 
 DRAFTER_RECOMPUTE_TOKENS = 64  # a longer hole in the drafter's cached K/V is not recomputed: no drafts
 
@@ -105,34 +113,35 @@ class BlockManager:
         seq.block_keys = []
         self.block_table.release(seq)
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence) -> PrefixHit:
         """Give a sequence that holds no block yet the cached blocks of its longest cached prefix
-        (full blocks of every token but the last, which must be computed); returns the tokens found."""
+        (full blocks of every token but the last, which must be computed); returns what was found."""
         if self.prefix_cache is None or seq.block_ids:
-            return 0
+            return PrefixHit(0)
         # Blocks of every token but the last (it must be computed), plus their lookahead tokens.
         keys = block_keys(seq.all_token_ids[:seq.num_tokens - 1 + self.key_lookahead], self.block_size,
                           lookahead=self.key_lookahead)
         blocks = self.prefix_cache.lookup(keys)
+        hit = PrefixHit(0)
         if self.drafter_ready is not None:
-            blocks = self._drafter_match(seq, blocks)
+            blocks, hit = self._drafter_match(blocks)
         for block_id in blocks:
             if self.ref_counts[block_id] == 0:
                 del self.free_block_ids[block_id]
             self.ref_counts[block_id] += 1
         seq.block_ids, seq.block_keys = blocks, keys[:len(blocks)]
         self.block_table.sync(seq)
-        return len(blocks) * self.block_size
+        return hit._replace(num_tokens=len(blocks) * self.block_size)
 
-    def _drafter_match(self, seq: Sequence, blocks: list[int]) -> list[int]:
+    def _drafter_match(self, blocks: list[int]) -> tuple[list[int], PrefixHit]:
         """The cached ``blocks`` a sequence takes, given which hold the drafter's K/V too (see the
-        module docstring); sets its drafter position and ``drafter_blocked``."""
+        module docstring), and its drafter position and ``drafter_blocked``."""
         ready = 0
         while ready < len(blocks) and self.drafter_ready[blocks[ready]]:
             ready += 1
-        seq.drafter_blocked = (len(blocks) - ready) * self.block_size > DRAFTER_RECOMPUTE_TOKENS
-        seq.drafter_num_computed_tokens = ready * self.block_size  # the drafter's K/V came along
-        return blocks if seq.drafter_blocked else blocks[:ready]
+        blocked = (len(blocks) - ready) * self.block_size > DRAFTER_RECOMPUTE_TOKENS
+        hit = PrefixHit(0, ready * self.block_size, blocked)  # the drafter's K/V came along
+        return (blocks if blocked else blocks[:ready]), hit
 
     def record_lookup(self, seq: Sequence, num_hit_tokens: int) -> None:
         """Count an admitted sequence's lookup; its first admission sets ``num_cached_tokens``."""
@@ -150,7 +159,7 @@ class BlockManager:
         if num_full > len(seq.block_keys):
             self._publish(seq, num_full)
         if self.drafter_ready is not None:
-            self._mark_drafter_ready(seq, min(num_full, seq.drafter_num_computed_tokens // self.block_size))
+            self._mark_drafter_ready(seq, min(num_full, seq.spec.drafter_num_computed_tokens // self.block_size))
 
     def _mark_drafter_ready(self, seq: Sequence, num_blocks: int) -> None:
         """The drafter's K/V of ``seq``'s first ``num_blocks`` blocks is computed (marked from the
@@ -206,13 +215,14 @@ class BlockManager:
         finally:
             self.free(seq)
 
-    def rollback(self, seq: Sequence, num_accepted: int) -> None:
+    def rollback(self, seq: Sequence, num_accepted: int) -> int:
         """After a step that sampled for ``seq`` (its ``num_computed_tokens`` already covers the
         scheduled tokens): keep the K/V of its ``num_accepted`` accepted drafts, drop the rest.
 
         The next token to compute is then the one just sampled, at position
-        ``num_computed_tokens``; blocks past it go back and drafter positions past it are forgotten.
+        ``num_computed_tokens``; blocks past it go back. Returns that new end: the speculation side
+        forgets the drafter positions past it (``SpecState.roll_back``).
         """
         seq.num_computed_tokens += num_accepted
         self.trim(seq, seq.num_computed_tokens + 1)
-        seq.drafter_num_computed_tokens = min(seq.drafter_num_computed_tokens, seq.num_computed_tokens)
+        return seq.num_computed_tokens

@@ -156,7 +156,7 @@ class ChainProposer(Proposer):
         with self.ingest_timer.timing(len(batch.token_ids)):
             out = self.model.ingest(batch, self.kv_cache)
         return {seq.seq_id: out[batch.cu_num_rows[j + 1] - 1] for j, seq in enumerate(seqs)
-                if seq.drafter_num_computed_tokens == seq.num_tokens - 1}
+                if seq.spec.drafter_num_computed_tokens == seq.num_tokens - 1}
 
     def ingest_batch(self, target: TargetHidden, drafting: set[int]) -> tuple[IngestBatch, list] | None:
         """The rows to ingest this step (and their sequences, whose drafter position advances), or None.
@@ -166,10 +166,10 @@ class ChainProposer(Proposer):
         parts = []  # per ingested sequence: (its waiting pieces, how many new rows follow them)
         waiting = []  # (sequence, its new rows) that wait
         for i, seq in enumerate(target.seqs):
-            if seq.is_finished or seq.drafter_blocked:
+            if seq.is_finished or seq.spec.drafter_blocked:
                 continue
             start, first_row = target.starts[i], target.cu_num_tokens[i]
-            done = seq.drafter_num_computed_tokens
+            done = seq.spec.drafter_num_computed_tokens
             have = done + self.pending.count(seq.seq_id, done)  # positions ingested or waiting
             end = min(start + target.cu_num_tokens[i + 1] - first_row, seq.num_tokens - 1)
             if have < start:
@@ -190,7 +190,7 @@ class ChainProposer(Proposer):
         ids, pos, meta, cu = self._prepare(inputs)
         features = self._assemble(parts, self.target_features(target, self._rows_tensor(target, rows)))
         for seq, item in zip(seqs, inputs):
-            seq.drafter_num_computed_tokens = item.start + len(item.token_ids)
+            seq.spec.drafter_advanced(item.start + len(item.token_ids))
         return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
 
     def _keep_waiting(self, target: TargetHidden, waiting: list) -> None:
@@ -201,7 +201,7 @@ class ChainProposer(Proposer):
         features = self.target_features(target, self._rows_tensor(target, rows))  # [num_rows, feature_size]
         offset = 0
         for seq, new_rows in waiting:
-            self.pending.add(seq.seq_id, seq.drafter_num_computed_tokens, features[offset:offset + len(new_rows)])
+            self.pending.add(seq.seq_id, seq.spec.drafter_num_computed_tokens, features[offset:offset + len(new_rows)])
             offset += len(new_rows)
 
     @staticmethod

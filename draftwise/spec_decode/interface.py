@@ -16,7 +16,7 @@ Life cycle, once per engine step, after the step's tokens were appended:
    step"; a proposer that ingests the target's rows still sees them).
 2. The engine verifies the drafts in the next target forward and rolls back
    rejected positions (``BlockManager.rollback``). Proposers with their own
-   KV cache roll back lazily: ``seq.drafter_num_computed_tokens`` is clipped
+   KV cache roll back lazily: ``seq.spec.drafter_num_computed_tokens`` is clipped
    to the positions whose tokens the drafter saw and that were accepted.
 3. ``on_finished(seq)`` when a sequence finishes, aborts or is preempted, so
    per-sequence state (trees, caches) is released.

@@ -8,7 +8,7 @@ gives no sequence a draft (a batch large enough that rows are not free, a weak
 drafter), so rows wait here until their sequence drafts.
 
 ``PendingRows`` keeps, per sequence, the target features of the positions from
-``seq.drafter_num_computed_tokens`` on that the target computed but the drafter
+``seq.spec.drafter_num_computed_tokens`` on that the target computed but the drafter
 has not ingested; the proposer ingests them, with the step's new rows, in a
 step where the sequence drafts, or once ``max_rows`` have piled up (bounding
 the memory held: ``max_rows`` rows of ``feature_size`` values per sequence).

@@ -127,7 +127,7 @@ class DFlashProposer(ChainProposer):
         if batch.target_hidden is not None:
             self._ingest(batch.target_hidden, drafting)
         rows = [i for i, (seq, limit) in enumerate(zip(batch.seqs, batch.max_num_drafts))
-                if limit > 0 and seq.drafter_num_computed_tokens == seq.num_tokens - 1]
+                if limit > 0 and seq.spec.drafter_num_computed_tokens == seq.num_tokens - 1]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         if rows:
             inputs = [ForwardInput([batch.seqs[i].all_token_ids[-1]] + [self.mask_token_id] * batch.max_num_drafts[i],

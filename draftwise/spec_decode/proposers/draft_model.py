@@ -98,8 +98,9 @@ class DraftModelProposer(Proposer):
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in batch.seqs]
         rows = [i for i, limit in enumerate(batch.max_num_drafts) if limit > 0]
-        inputs = [ForwardInput(batch.seqs[i].all_token_ids[batch.seqs[i].drafter_num_computed_tokens:],
-                               batch.seqs[i].drafter_num_computed_tokens, batch.seqs[i].block_ids) for i in rows]
+        starts = {i: batch.seqs[i].spec.drafter_num_computed_tokens for i in rows}
+        inputs = [ForwardInput(batch.seqs[i].all_token_ids[starts[i]:], starts[i], batch.seqs[i].block_ids)
+                  for i in rows]
         step = 0
         while rows:
             with self.timer.timing():
@@ -112,7 +113,7 @@ class DraftModelProposer(Proposer):
                 drafts[i].append(token)
                 if q is not None:
                     probs[i].append(q[row])
-                seq.drafter_num_computed_tokens = seq.num_tokens + step  # K/V of the positions fed so far
+                seq.spec.drafter_advanced(seq.num_tokens + step)  # K/V of the positions fed so far
                 if len(drafts[i]) < batch.max_num_drafts[i]:
                     next_rows.append(i)
                     inputs.append(ForwardInput([token], seq.num_tokens + step, seq.block_ids))
