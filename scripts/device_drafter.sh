@@ -44,6 +44,10 @@ receive() {
       lscpu | grep -E 'Model name|^CPU\(s\)'; } 2>&1 | tee "$OUT/env.txt"
     timeout "${SMOKE_TIMEOUT:-120}" python3 -m pytest -q -p no:cacheprovider -x -k "cuda or device" \
         tests/test_train_draft.py 2>&1 | tail -n 15 | tee "$OUT/smoke.txt"
+    # the tests that failed on CUDA before, for their tracebacks
+    timeout "${DIAG_TIMEOUT:-60}" python3 -m pytest -q -p no:cacheprovider -rfE --timeout 50 -n 4 \
+        tests/test_gguf_int4.py tests/test_loader.py tests/test_quantized_equivalence.py > "$OUT/diag.txt" 2>&1
+    tail -n 5 "$OUT/diag.txt"
 }
 
 train() {
@@ -58,11 +62,21 @@ train() {
     # --num-samples covers only the finished chunks: no new answers, straight to extraction
     timeout "${EXTRACT_TIMEOUT:-240}" $PY -m draftwise.cli make-data --prompts magpie \
         --num-samples $((chunks * 512)) --chunk-size 512 --max-tokens 256 --max-num-seqs 256 \
-        --device "$DEVICE" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 5 | tee "$OUT/make-data.txt"
+        --device "$DEVICE" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 5 | tee -a "$OUT/log.txt"
     [ -f "$data/manifest.json" ] || { echo "extraction did not finish"; exit 1; }
-    timeout "${TRAIN_TIMEOUT:-300}" $PY scripts/train_best_head.py --data "$data" --out "$head" \
-        --keep "$OUT" --device "$DEVICE" --epochs "${EPOCHS:-6}" 2>&1 | tr '\r' '\n' | grep -v 'it/s\]$' \
-        | tail -n 30 | tee "$OUT/train.txt"
+    # two heads at once (the GPU has room; data loading is per process): draft vocabularies of at most
+    # 8,192 and 16,384 tokens (98% held-out coverage where that takes fewer)
+    for vocab in ${VOCABS:-8192 16384}; do
+        mkdir -p "$OUT/v$vocab"
+        timeout "${TRAIN_TIMEOUT:-300}" $PY scripts/train_best_head.py --data "$data" --out "$head-$vocab" \
+            --keep "$OUT/v$vocab" --device "$DEVICE" --epochs "${EPOCHS:-6}" --draft-vocab-size "$vocab" \
+            > "$STAGE/train-$vocab.log" 2>&1 &
+    done
+    wait
+    for vocab in ${VOCABS:-8192 16384}; do
+        echo "== head with at most $vocab draft tokens"
+        tr '\r' '\n' < "$STAGE/train-$vocab.log" | grep -E '^\{|Error|error' | tail -n 20
+    done 2>&1 | tee -a "$OUT/log.txt"
 }
 
 "$@"
