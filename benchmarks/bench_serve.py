@@ -3,8 +3,9 @@ with and without speculation, side by side in one run.
 
 One server per method (``none`` = no speculation) is started on 127.0.0.1 before measuring and
 all stay up; the methods then take turns at each concurrency level, so the drift of a shared
-machine hits them alike. At level ``c``, ``c`` clients stream chat completions (greedy,
-prompts from ``draftwise.workloads``) until ``max(c, --min-requests)`` requests are done or
+machine hits them alike. At level ``c``, ``c`` clients stream chat completions (greedy, or
+sampled at ``--temperature`` with a seed per request, the same for every method; prompts from
+``draftwise.workloads``) until ``max(c, --min-requests)`` requests are done or
 ``--time-limit`` seconds pass (no new request starts after that). Reported per (level, method):
 requests/s, output tokens/s, speedup over ``none``, and percentiles of TTFT (time to the first
 content chunk), TPOT (per request: time after the first chunk / tokens after the first) and
@@ -123,9 +124,11 @@ async def stream_chat(port: int, body: dict) -> Sample:
                   text="".join(text))
 
 
-def chat_body(messages: list[dict], max_tokens: int) -> dict:
-    return {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def chat_body(messages: list[dict], shape: dict, seed: int) -> dict:
+    """A streaming chat request; ``shape``: ``max_tokens`` and ``temperature`` (sampled requests get
+    ``seed``, the same for every method)."""
+    seeded = {"seed": seed} if shape["temperature"] > 0 else {}
+    return {"messages": messages, **shape, **seeded, "stream": True, "stream_options": {"include_usage": True}}
 
 
 def conversation_prompts(num_prompts: int, turns: int, index: int) -> list[int]:
@@ -138,18 +141,18 @@ def conversation_prompts(num_prompts: int, turns: int, index: int) -> list[int]:
     return [rng.randrange(num_prompts) for _ in range(turns)]
 
 
-async def converse(port: int, prompts, index: int, turns: int, max_tokens: int) -> list[Sample]:
+async def converse(port: int, prompts, index: int, turns: int, shape: dict) -> list[Sample]:
     """Conversation ``index``: the shared system prompt, then ``turns`` user turns
     (``conversation_prompts``), each request carrying every earlier turn and answer."""
     messages, samples = [{"role": "system", "content": SYSTEM_PROMPT}], []
     for p in conversation_prompts(len(prompts), turns, index):
         messages.append(prompts[p].messages[-1])
-        samples.append(await stream_chat(port, chat_body(messages, max_tokens)))
+        samples.append(await stream_chat(port, chat_body(messages, shape, index * 100 + len(samples))))
         messages.append({"role": "assistant", "content": samples[-1].text})
     return samples
 
 
-async def run_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
+async def run_level(port: int, prompts, concurrency: int, num_requests: int, shape: dict,
                     time_limit: float, turns: int = 1, first: int = 0) -> Level:
     """Requests (or conversations) ``first .. first + num_requests - 1`` from ``concurrency`` clients."""
     level, queue = Level(), list(range(first, first + num_requests))
@@ -159,10 +162,10 @@ async def run_level(port: int, prompts, concurrency: int, num_requests: int, max
         while queue and time.perf_counter() < deadline:
             i = queue.pop(0)
             if turns > 1:
-                level.samples.extend(await converse(port, prompts, i, turns, max_tokens))
+                level.samples.extend(await converse(port, prompts, i, turns, shape))
             else:
                 level.samples.append(await stream_chat(port, chat_body(prompts[i % len(prompts)].messages,
-                                                                       max_tokens)))
+                                                                       shape, i)))
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -181,11 +184,10 @@ def server_counters(port: int) -> dict[str, float]:
     return values
 
 
-def measure_level(port: int, prompts, concurrency: int, num_requests: int, max_tokens: int,
+def measure_level(port: int, prompts, concurrency: int, num_requests: int, shape: dict,
                   time_limit: float, turns: int = 1, first: int = 0) -> Level:
     before = server_counters(port)
-    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, max_tokens, time_limit, turns,
-                                  first))
+    level = asyncio.run(run_level(port, prompts, concurrency, num_requests, shape, time_limit, turns, first))
     level.counters = {name: value - before[name] for name, value in server_counters(port).items()}
     return level
 
@@ -261,6 +263,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampled, seeded per request")
     parser.add_argument("--turns", type=int, default=1, help="user turns per conversation (> 1: multi-turn chats "
                         "sharing a system prompt, each turn a sample)")
     parser.add_argument("--rounds", type=int, default=1, help="measurements per level, the methods' order "
@@ -275,7 +278,8 @@ def main() -> None:
     methods = args.methods.split(",")
     prompts = load_workload(args.workload, num_prompts=max(args.concurrency + [args.min_requests]))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
-    print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, greedy, streaming chat"
+    sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seeded"
+    print(f"workload {args.workload}: {len(prompts)} prompts, max_tokens {args.max_tokens}, {sampling}, streaming chat"
           f"{f', {args.turns}-turn conversations sharing a system prompt' if args.turns > 1 else ''}"
           f"{'; server flags: ' + args.server_args if args.server_args else ''}")
     logs = tempfile.TemporaryDirectory()
@@ -295,14 +299,15 @@ def main() -> None:
             servers[method] = proc, port = start_server(args, spec, log, extra)
             print(f"{method}: speculative_config {spec}{' ' + ' '.join(extra) if extra else ''}")
             wait_healthy(proc, port)
-            asyncio.run(run_level(port, prompts, 1, 1, 16, 60))  # warm-up: request 0
+            asyncio.run(run_level(port, prompts, 1, 1, {"max_tokens": 16, "temperature": 0}, 60))  # warm-up
         levels = {(c, method): Level() for c in args.concurrency for method in methods}
+        shape = {"max_tokens": args.max_tokens, "temperature": args.temperature}
         first = 1  # request 0 warmed the servers up
         for c in args.concurrency:
             num = max(c, args.min_requests)
             for r in range(args.rounds):
                 for method in methods if r % 2 == 0 else methods[::-1]:
-                    levels[(c, method)].add(measure_level(servers[method][1], prompts, c, num, args.max_tokens,
+                    levels[(c, method)].add(measure_level(servers[method][1], prompts, c, num, shape,
                                                           args.time_limit, args.turns, first))
                 first += num
         report(levels, methods, args.concurrency)
