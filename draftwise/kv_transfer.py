@@ -5,7 +5,9 @@ role, used with the ``extract_hidden_states`` speculative method: every
 request is prefilled, produces one output token (a producer only prefills, as
 in disaggregated prefill), and its prompt's hidden states are written under
 ``kv_connector_extra_config["shared_storage_path"]``; the output's
-``kv_transfer_params["hidden_states_path"]`` names the file.
+``kv_transfer_params["hidden_states_path"]`` names the file. draftwise's one extra key,
+``kv_connector_extra_config["hidden_states_dtype"]`` (``float32``, the default, ``bfloat16`` or
+``float16``), is the dtype the states are written in.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CONNECTORS = ("ExampleHiddenStatesConnector",)
+HIDDEN_STATES_DTYPES = ("float32", "bfloat16", "float16")
 ROLES = ("kv_producer",)
 _KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
 
@@ -35,6 +38,10 @@ class KVTransferConfig:
         if not isinstance(path, str) or not path:
             raise ValueError("kv_transfer_config['kv_connector_extra_config']['shared_storage_path'] must be a "
                              "directory path (str)")
+        dtype = extra.get("hidden_states_dtype", "float32")
+        if dtype not in HIDDEN_STATES_DTYPES:
+            raise ValueError(f"kv_transfer_config['kv_connector_extra_config']['hidden_states_dtype']={dtype!r} "
+                             f"is invalid; allowed: {list(HIDDEN_STATES_DTYPES)}")
 
     @classmethod
     def from_value(cls, raw) -> "KVTransferConfig":
@@ -50,6 +57,10 @@ class KVTransferConfig:
     @property
     def shared_storage_path(self) -> Path:
         return Path(self.kv_connector_extra_config["shared_storage_path"]).expanduser()
+
+    @property
+    def hidden_states_dtype(self) -> str:
+        return self.kv_connector_extra_config.get("hidden_states_dtype", "float32")
 
     @property
     def prefill_only(self) -> bool:

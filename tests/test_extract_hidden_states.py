@@ -57,3 +57,24 @@ def test_needs_a_kv_transfer_config(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="kv_role"):
         LLM(model=str(tiny_model_dir), kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector",
                                                            "kv_role": "kv_consumer"})
+
+
+def test_hidden_states_dtype_is_the_files_dtype(tiny_model_dir, tmp_path):
+    """``kv_connector_extra_config["hidden_states_dtype"]``: the states written in that dtype (bf16 here,
+    the fp32 states rounded once); any other value is refused naming the key."""
+    fp32 = make_llm(tiny_model_dir, tmp_path / "fp32")
+    llm = LLM(model=str(tiny_model_dir), dtype="float32",
+              speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                  "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": LAYERS}}},
+              kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                  "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "bf16"),
+                                                                "hidden_states_dtype": "bfloat16"}})
+    params = SamplingParams(temperature=0, max_tokens=1)
+    full = load_file(fp32.generate(PROMPTS[0], params, use_tqdm=False)[0].kv_transfer_params["hidden_states_path"])
+    half = load_file(llm.generate(PROMPTS[0], params, use_tqdm=False)[0].kv_transfer_params["hidden_states_path"])
+    assert half["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(half["hidden_states"], full["hidden_states"].to(torch.bfloat16))
+    with pytest.raises(ValueError, match="hidden_states_dtype.*allowed: \\['float32', 'bfloat16', 'float16'\\]"):
+        LLM(model=str(tiny_model_dir), kv_transfer_config={
+            "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path), "hidden_states_dtype": "int8"}})

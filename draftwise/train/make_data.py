@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from ..llm import LLM
@@ -136,19 +135,15 @@ def extract_all(model: str | None, engine_args: dict, layer_ids: list[int], reco
         "method": "extract_hidden_states", "num_speculative_tokens": 1,
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}}},
         kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-                            "kv_connector_extra_config": {"shared_storage_path": str(staging)}})
+                            "kv_connector_extra_config": {"shared_storage_path": str(staging),
+                                                          "hidden_states_dtype": str(dtype).removeprefix("torch.")}})
     for first in tqdm(range(0, len(missing), chunk_size), desc="saving hidden states (chunks)", unit="chunk"):
         chunk = missing[first:first + chunk_size]
         results = extractor.generate([{"prompt_token_ids": records[i]["prompt_token_ids"] +
                                        records[i]["answer_token_ids"]} for i in chunk],
                                      SamplingParams(max_tokens=1), use_tqdm=False)
-        for i, result in zip(chunk, results):
-            staged = result.kv_transfer_params["hidden_states_path"]
-            tensors = load_file(staged)
-            tensors["hidden_states"] = tensors["hidden_states"].to(dtype)
+        for i, result in zip(chunk, results):  # written in the data's dtype: moved, not rewritten
             final = out / hidden_file(i)
             final.parent.mkdir(exist_ok=True)
-            save_file(tensors, f"{final}.tmp")
-            os.replace(f"{final}.tmp", final)
-            os.remove(staged)
+            os.replace(result.kv_transfer_params["hidden_states_path"], final)
     shutil.rmtree(staging, ignore_errors=True)

@@ -9,7 +9,8 @@ Configured as in vLLM::
 
 For each request, once its prompt has run, one safetensors file
 ``DIR/{request_id}.safetensors`` holds ``token_ids`` [num_prompt_tokens] and
-``hidden_states`` [num_prompt_tokens, num_layers, hidden] (float32): the inputs
+``hidden_states`` [num_prompt_tokens, num_layers, hidden] (float32, or
+``kv_connector_extra_config["hidden_states_dtype"]``): the inputs
 of the listed target layers (id ``num_hidden_layers`` = the last layer's
 output before the final norm; default: EAGLE-3's (2, L // 2, L - 3)).
 The output's ``kv_transfer_params["hidden_states_path"]`` names the file.
@@ -65,6 +66,7 @@ class ExtractHiddenStatesProposer(Proposer):
         ids = aux_layer_ids(hf_config, target.hf_config.num_hidden_layers, f"{PREFIX}['draft_model_config']")
         self.needs = ProposerNeeds(aux_layer_ids=ids, prefix_cacheable=False)  # it saves every prompt row
         self.directory = target.kv_transfer.shared_storage_path
+        self.dtype = getattr(torch, target.kv_transfer.hidden_states_dtype)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._rows: dict[int, list[torch.Tensor]] = {}  # seq_id -> [num_rows, num_layers, hidden] chunks
 
@@ -79,7 +81,7 @@ class ExtractHiddenStatesProposer(Proposer):
             if end > start:
                 rows = slice(first_row, first_row + end - start)
                 states = torch.stack([aux[rows] for aux in target.aux_hidden_states], dim=1)
-                self._rows.setdefault(seq.seq_id, []).append(states.float().cpu())
+                self._rows.setdefault(seq.seq_id, []).append(states.to(self.dtype).cpu())
             if end == seq.num_prompt_tokens:
                 self._write(seq)
         return DraftBatch.from_lists([[] for _ in batch.seqs])
