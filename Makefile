@@ -37,8 +37,8 @@ DRAFTER_OUT ?= .data/eagle3-smollm2
 drafter: install  # the bundled model's EAGLE-3 head from scratch; both steps resume where they stopped
 	test -f $(DRAFTER_DATA)/manifest.json || $(VENV)/bin/draftwise make-data --prompts magpie --num-samples 12000 --chunk-size 512 --max-tokens 256 \
 		--out $(DRAFTER_DATA)
-	$(VENV)/bin/draftwise train-draft --method eagle3 --data $(DRAFTER_DATA) --out $(DRAFTER_OUT) --epochs 3 \
-		--ttt-steps 4 --draft-vocab-coverage 0.98 --draft-vocab-size 16384 $(if $(wildcard $(DRAFTER_OUT)/trainer_state.pt),--resume)
+	$(VENV)/bin/draftwise train-draft --method eagle3 --data $(DRAFTER_DATA) --out $(DRAFTER_OUT) --epochs 12 \
+		--ttt-steps 4 --draft-vocab-coverage 0.98 --draft-vocab-size 8192 $(if $(wildcard $(DRAFTER_OUT)/trainer_state.pt),--resume)
 
 docs: install  # build the site strictly (broken links fail), then serve it on 127.0.0.1:8000
 	$(VENV)/bin/mkdocs build --strict && $(VENV)/bin/mkdocs serve
