@@ -23,35 +23,45 @@ dropped (the proposer then finds the hole and raises, as it would without).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+
+
+@dataclass
+class _Entry:
+    start: int  # the first waiting position
+    pieces: list[torch.Tensor] = field(default_factory=list)  # [num_rows_i, feature_size] each, in order
+    num_rows: int = 0  # their rows, kept as they come (a sequence gains a piece per step)
 
 
 class PendingRows:
     def __init__(self, max_rows: int):
         self.max_rows = max_rows  # a sequence is ingested once this many rows would wait
-        self._rows: dict[int, tuple[int, list[torch.Tensor]]] = {}  # seq id -> (first position, pieces)
+        self._rows: dict[int, _Entry] = {}  # seq id -> its waiting rows
 
     def count(self, seq_id: int, start: int) -> int:
         """Rows waiting for ``seq_id`` from position ``start`` on (0 when none, or stale)."""
         entry = self._rows.get(seq_id)
         if entry is None:
             return 0
-        if entry[0] != start:
+        if entry.start != start:
             del self._rows[seq_id]
             return 0
-        return sum(len(piece) for piece in entry[1])
+        return entry.num_rows
 
     def add(self, seq_id: int, start: int, features: torch.Tensor  # [num_rows, feature_size]
             ) -> None:
         """Keep ``features`` of the positions following the waiting ones (``start``: the first
         waiting position, which a new entry begins at)."""
-        entry = self._rows.setdefault(seq_id, (start, []))
-        entry[1].append(features)
+        entry = self._rows.setdefault(seq_id, _Entry(start))
+        entry.pieces.append(features)
+        entry.num_rows += len(features)
 
     def take(self, seq_id: int) -> list[torch.Tensor]:
         """The waiting pieces of ``seq_id``, oldest first, forgotten here (checked by ``count``)."""
         entry = self._rows.pop(seq_id, None)
-        return entry[1] if entry is not None else []
+        return entry.pieces if entry is not None else []
 
     def drop(self, seq_id: int) -> None:
         self._rows.pop(seq_id, None)
