@@ -1,7 +1,7 @@
 """Train the bundled model's EAGLE-3 head and keep the epoch with the best held-out acceptance.
 
 ``train-draft`` exports the head after every epoch, over the one before; this keeps, in
-``--keep``, the export of the epoch whose held-out acceptance length at K = 3 is the highest
+``--keep``, the export of the epoch whose held-out chained acceptance length at K = 3 is the highest
 (``model.safetensors`` in pieces of at most 15 MB, so a device call can bring them back;
 join with ``cat model.safetensors.part* > model.safetensors``) and ``meta.json`` (its
 ``config.json``, that epoch's figures, the training log). Used by ``scripts/device_drafter.sh
@@ -50,7 +50,8 @@ def main() -> None:
     best = {"score": -1.0}
 
     def on_epoch_end(epoch: int, result: dict) -> None:
-        score = result.get("held_out", {}).get("acceptance_length", {}).get("3", 0.0)
+        held_out = result.get("held_out", {})
+        score = held_out.get("chain_acceptance_length", held_out.get("acceptance_length", {})).get("3", 0.0)
         if score > best["score"]:
             best["score"] = score
             keep_export(head, keep, result)

@@ -79,17 +79,19 @@ def test_training_lowers_loss_and_reloads_in_public_layout(method, data_dir, tmp
 @pytest.mark.parametrize("method", METHODS)
 def test_engine_accepts_what_training_estimates(method, data_dir, tmp_path, tiny_model_dir, monkeypatch):
     """The trained network is the one the engine runs: fitted to the data, the engine's measured
-    mean acceptance length on the data's prompts matches the offline estimate on the same data."""
+    mean acceptance length on the data's prompts matches the offline chained estimate on the same
+    data (drafting from each answer's start, again after each acceptance) within 8%."""
     out = tmp_path / method
     train_draft(options(data_dir, out, method, epochs=40, held_out_fraction=0.0, draft_vocab_size=400))
     data = load_dataset(data_dir)
-    estimate = evaluate(load_trained(out, data), data.samples, 128, 3)["acceptance_length"]["3"]
+    figures = evaluate(load_trained(out, data), data.samples, 128, 3)
+    estimate, per_position = figures["chain_acceptance_length"]["3"], figures["acceptance_length"]["3"]
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0")  # draft every step, whatever it costs
     config = {"method": method, "model": str(out), "num_speculative_tokens": 3}
     llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, speculative_config=config)
     llm.generate(PROMPTS, SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)
     measured = llm.get_spec_decode_stats()["spec_decode_mean_acceptance_length"]
-    assert estimate > 1.6 and abs(measured - estimate) < 0.2 * estimate, (measured, estimate)
+    assert estimate > 1.6 and abs(measured - estimate) < 0.08 * estimate, (measured, estimate, per_position)
 
 
 def test_resume_continues_where_it_stopped(data_dir, tmp_path):
