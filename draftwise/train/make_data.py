@@ -113,7 +113,7 @@ def make_data(model: str | None, sources: list[str], out: str | Path, max_tokens
                 "num_groups": len({r["group"] for r in records}),
                 "num_tokens": sum(s["num_tokens"] for s in samples), "num_answer_tokens": num_answer_tokens,
                 "generate_seconds": round(log.seconds, 1),
-                "answer_tokens_per_second": round(num_answer_tokens / max(log.seconds, 1e-9), 1),
+                "answer_tokens_per_second": round(num_answer_tokens / log.seconds, 1) if log.seconds > 0 else None,
                 "extract_seconds": round(time.perf_counter() - start, 1), "samples": samples}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
