@@ -28,9 +28,9 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from ..kv_transfer import HIDDEN_STATES_DTYPES
 from ..llm import LLM
 from ..models.loader import SMOLLM2_NAME
 from ..sampling_params import SamplingParams
@@ -42,7 +42,6 @@ from .prompts import load_instruct
 MANIFEST = "manifest.json"
 MAGPIE = "magpie"
 SOURCES = ("instruct", MAGPIE) + WORKLOADS
-HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def load_prompts(sources: list[str], num_samples: int | None, seed: int) -> tuple[list[BenchPrompt], int]:
@@ -79,8 +78,8 @@ def make_data(model: str | None, sources: list[str], out: str | Path, max_tokens
     out = Path(out)
     if max_tokens < 1 or chunk_size < 1:
         raise ValueError(f"--max-tokens and --chunk-size must be >= 1, got {max_tokens} and {chunk_size}")
-    if hidden_dtype not in HIDDEN_DTYPES:
-        raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}, got {hidden_dtype!r}")
+    if hidden_dtype not in HIDDEN_STATES_DTYPES:
+        raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {hidden_dtype!r}")
     if not 0.0 <= follow_up_fraction <= 1.0:
         raise ValueError(f"--follow-up-fraction must be in [0, 1], got {follow_up_fraction}")
     if (out / MANIFEST).exists():
@@ -101,7 +100,7 @@ def make_data(model: str | None, sources: list[str], out: str | Path, max_tokens
     del llm
     gc.collect()
     start = time.perf_counter()
-    extract_all(model, engine_args, layer_ids, records, out, chunk_size, HIDDEN_DTYPES[hidden_dtype])
+    extract_all(model, engine_args, layer_ids, records, out, chunk_size, hidden_dtype)
     num_answer_tokens = sum(len(r["answer_token_ids"]) for r in records)
     samples = [{"file": hidden_file(i), "num_prompt_tokens": len(r["prompt_token_ids"]),
                 "num_tokens": len(r["prompt_token_ids"]) + len(r["answer_token_ids"]), "group": r["group"]}
@@ -124,7 +123,7 @@ def hidden_file(index: int) -> str:
 
 
 def extract_all(model: str | None, engine_args: dict, layer_ids: list[int], records: list[dict], out: Path,
-                chunk_size: int, dtype: torch.dtype) -> None:
+                chunk_size: int, hidden_dtype: str) -> None:
     """Write each record's hidden states to ``hidden_file(index)``, skipping files already there."""
     missing = [i for i in range(len(records)) if not (out / hidden_file(i)).exists()]
     if not missing:
@@ -136,7 +135,7 @@ def extract_all(model: str | None, engine_args: dict, layer_ids: list[int], reco
         "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": layer_ids}}},
         kv_transfer_config={"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                             "kv_connector_extra_config": {"shared_storage_path": str(staging),
-                                                          "hidden_states_dtype": str(dtype).removeprefix("torch.")}})
+                                                          "hidden_states_dtype": hidden_dtype}})
     for first in tqdm(range(0, len(missing), chunk_size), desc="saving hidden states (chunks)", unit="chunk"):
         chunk = missing[first:first + chunk_size]
         results = extractor.generate([{"prompt_token_ids": records[i]["prompt_token_ids"] +
