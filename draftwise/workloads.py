@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .workload_json import RECORDS, prompt_text, schema
+from .workload_json import prompt_text, records, schema
 
 WORKLOADS = ("humaneval", "code-edit", "chat", "json")
 # The system prompt multi-turn benchmarks share between conversations (~150 tokens with SmolLM2's template).
@@ -254,7 +254,7 @@ def load_chat(seed: int = 0) -> list[BenchPrompt]:
 
 def load_json(seed: int = 0) -> list[BenchPrompt]:
     return [BenchPrompt(f"json/{i:02d}", _user(prompt_text(kind, record)), schema=schema(fields))
-            for i, (kind, record, fields) in enumerate(RECORDS)]
+            for i, (kind, record, fields) in enumerate(records())]
 
 
 _LOADERS: dict[str, Callable[[int], list[BenchPrompt]]] = {
