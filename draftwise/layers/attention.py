@@ -54,6 +54,7 @@ from . import native
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
 PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows per sequence
+NO_TREE = 1 << 62  # tree_start of a row that is not in a draft tree: it attends causally
 
 
 @dataclass
@@ -82,6 +83,10 @@ class AttentionMetadata:
     cu_query_lens: torch.Tensor | None = None  # [num_seqs + 1]; set: run the paged CPU kernel
     seq_lens: torch.Tensor | None = None  # [num_seqs] context lengths, with cu_query_lens
     split: "KernelSplit | None" = None  # set: the sequences take two attention paths
+    # Token trees: per row (tree_start, bits). A row sees key slot j <= its own slot where
+    # j < tree_start, or bit (j - tree_start) of bits is set (ancestors in a draft tree, <= 64 slots);
+    # rows outside any tree carry tree_start = NO_TREE (plain causal). None: every row is causal.
+    tree_mask: torch.Tensor | None = None  # [num_tokens, 2] int64
     _sdpa: SdpaIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     def sdpa_index(self) -> SdpaIndex:
