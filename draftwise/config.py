@@ -159,6 +159,8 @@ class EngineConfig:
         if self.speculative:
             verify = verify.for_num_speculative_tokens(self.speculative.num_speculative_tokens)
         self.rejection_sampler = verify
+        if self.speculative and self.speculative.token_tree is not None:
+            _check_tree_engine(self.tensor_parallel_size, verify)
 
     @property
     def request_limits(self) -> RequestLimits:
@@ -182,6 +184,17 @@ class EngineConfig:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         return torch.bfloat16 if _bf16_is_fast(self.torch_device) else torch.float32
+
+
+def _check_tree_engine(tensor_parallel_size: int, verify: RejectionSamplerConfig) -> None:
+    """What a draft token tree runs with: one rank, the standard verification rule."""
+    if tensor_parallel_size > 1:
+        raise ValueError("speculative_config['speculative_token_tree'] needs tensor_parallel_size=1 (tree "
+                         f"verification under tensor parallelism is not built), got {tensor_parallel_size}")
+    if verify.enable_block_verify or verify.enable_entropy_verify:
+        raise ValueError("speculative_config['speculative_token_tree'] verifies with the standard rule: "
+                         "additional_config['rejection_sampler_config'] enable_block_verify and "
+                         "enable_entropy_verify must be False with a tree")
 
 
 # rejection_sampler_config: sample/verify_config.py; grammar_drafts (default True): the grammar of a structured

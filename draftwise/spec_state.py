@@ -12,8 +12,10 @@ anywhere else):
 * admission and preemption (``engine/scheduler.py``): ``admit`` with what the prefix cache found
   (``BlockManager.match_prefix``), ``reset`` when the K/V is dropped.
 
-Invariants: ``draft_probs`` is None or has one row per draft; ``drafter_num_computed_tokens`` never
-passes the target's computed end after a rollback; counters only grow.
+Invariants: ``draft_probs`` is None or has one row per draft; ``draft_parents`` is None (a chain)
+or has one entry per draft, each before its child (a prefix of the config's token tree);
+``drafter_num_computed_tokens`` never passes the target's computed end after a rollback; counters
+only grow.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any
 class SpecState:
     draft_token_ids: list[int] = field(default_factory=list)  # the drafts the next step verifies
     draft_probs: Any = None  # torch.Tensor [len(draft_token_ids), vocab] draft distribution; None: one-hot
+    draft_parents: list[int] | None = None  # tree drafts: each draft's parent (-1: the root); None: a chain
     drafter_num_computed_tokens: int = 0  # positions held by the proposer's own KV cache
     drafter_blocked: bool = False  # its cached prefix lacks the drafter's K/V: it decodes plainly
     num_drafts: int = 0  # steps that verified at least one draft of this sequence
@@ -33,17 +36,26 @@ class SpecState:
     draft_accepted: float = 0.0  # decayed counts behind the draft-length policy's acceptance estimate
     draft_tried: float = 0.0
 
-    def set_drafts(self, token_ids: list[int], probs=None) -> None:
-        """The drafts to verify next (``probs``: [len(token_ids), vocab] or None)."""
-        self.draft_token_ids, self.draft_probs = token_ids, probs
+    def set_drafts(self, token_ids: list[int], probs=None, parents: list[int] | None = None) -> None:
+        """The drafts to verify next (``probs``: [len(token_ids), vocab] or None; ``parents``: a tree's)."""
+        self.draft_token_ids, self.draft_probs, self.draft_parents = token_ids, probs, parents
 
     def clear_drafts(self) -> None:
-        self.draft_token_ids, self.draft_probs = [], None
+        self.draft_token_ids, self.draft_probs, self.draft_parents = [], None, None
+
+    def tree_to_chain(self) -> None:
+        """Keep only the tree's first-choice path (each node's first child) as a chain of drafts."""
+        if self.draft_parents is None:
+            return
+        chain, node = [], -1
+        while (node := next((i for i, p in enumerate(self.draft_parents) if p == node), None)) is not None:
+            chain.append(node)
+        self.set_drafts([self.draft_token_ids[i] for i in chain])
 
     def cut_drafts(self, token_ids: list[int], probs, drafter_end: int) -> None:
         """Keep ``token_ids`` (a prefix of the drafts, or the grammar's forced tokens) and forget the
         drafter's K/V past ``drafter_end`` (positions the cut drafts had been fed at)."""
-        self.draft_token_ids, self.draft_probs = token_ids, probs
+        self.draft_token_ids, self.draft_probs, self.draft_parents = token_ids, probs, None
         self.drafter_num_computed_tokens = min(self.drafter_num_computed_tokens, drafter_end)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:

@@ -123,7 +123,8 @@ class Speculator:
         token_rows = drafts.token_ids.tolist()
         for i, (seq, num) in enumerate(zip(seqs, nums)):
             probs = drafts.probs[i, :num] if drafts.probs is not None and num else None
-            seq.spec.set_drafts(token_rows[i][:num], probs)
+            parents = drafts.parents[:num] if drafts.parents is not None and num else None
+            seq.spec.set_drafts(token_rows[i][:num], probs, parents)
         self.draft_limits.add(plan)
         plan.log()
         self.last_plan = plan

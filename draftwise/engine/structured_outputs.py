@@ -262,6 +262,7 @@ class StructuredOutputs:
         return failed
 
     def _draft_one(self, seq: Sequence, rec: _SeqGrammar) -> None:
+        seq.spec.tree_to_chain()  # the grammar follows one path: a tree keeps its first-choice chain
         proposed = seq.spec.draft_token_ids
         cap = max(self.max_drafts or MAX_GRAMMAR_DRAFTS, len(proposed)) if self.grammar_drafts else len(proposed)
         request_cap = seq.params.num_speculative_tokens  # the request's own cap holds for the grammar's too

@@ -92,7 +92,7 @@ class AttentionMetadata:
     def sdpa_index(self) -> SdpaIndex:
         if self._sdpa is None:
             self._sdpa = _sdpa_index(self.query_lens, self.context_lens, self.causal, self.sliding_window,
-                                     self.block_table.device)
+                                     self.block_table.device, self.tree_mask)
         return self._sdpa
 
 
@@ -107,12 +107,15 @@ class KernelSplit:
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
                    query_lens: list[int], context_lens: list[int], block_size: int,
-                   sliding_window: int | None, device: torch.device, causal: bool = True) -> AttentionMetadata:
+                   sliding_window: int | None, device: torch.device, causal: bool = True,
+                   tree_mask: torch.Tensor | None = None  # [num_tokens, 2] int64, see AttentionMetadata
+                   ) -> AttentionMetadata:
     """Flatten the scheduled batch into what every layer shares: the new tokens' cache slots and
     the block table (the masks and query padding of the SDPA path come later, if it runs).
 
     ``causal=False`` lets every query see its sequence's whole context, the other queries
-    of its block included (DFlash drafts a block non-causally)."""
+    of its block included (DFlash drafts a block non-causally). ``tree_mask`` narrows a causal
+    batch's rows to their ancestors in a draft tree."""
     max_q, max_ctx = max(query_lens), max(context_lens)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     ctx_lens = torch.tensor(context_lens, dtype=torch.int64)
@@ -128,16 +131,16 @@ def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, 
     table = block_tables[:, :num_ctx_blocks].clamp_min(0)
     first = table[0, 0].item() if len(context_lens) == 1 else None
     contiguous = first is not None and bool((table[0] == first + torch.arange(num_ctx_blocks)).all())
-    per_seq = causal and max_q >= PER_SEQUENCE_MIN_QUERY
+    per_seq = causal and max_q >= PER_SEQUENCE_MIN_QUERY and tree_mask is None
     return AttentionMetadata(slot_mapping=slot_mapping.to(device), block_table=table.to(device), max_query_len=max_q,
                              max_context_len=max_ctx, block_size=block_size,
                              contiguous_start=first * block_size if contiguous else None,
                              query_lens=list(query_lens), context_lens=list(context_lens), per_sequence=per_seq,
-                             causal=causal, sliding_window=sliding_window)
+                             causal=causal, sliding_window=sliding_window, tree_mask=tree_mask)
 
 
 def _sdpa_index(query_lens: list[int], context_lens: list[int], causal: bool, sliding_window: int | None,
-                device: torch.device) -> SdpaIndex:
+                device: torch.device, tree_mask: torch.Tensor | None = None) -> SdpaIndex:
     """Query padding to ``[num_seqs, max_q]`` (ragged queries) and the boolean masks."""
     max_q, max_ctx = max(query_lens), max(context_lens)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
@@ -152,8 +155,13 @@ def _sdpa_index(query_lens: list[int], context_lens: list[int], causal: bool, sl
         cu_q = torch.cumsum(q_lens, 0) - q_lens
         query_index = torch.where(q_valid, cu_q[:, None] + q_offset[None, :], cu_q[:, None])
         query_unpad_index = torch.arange(q_valid.numel()).view_as(q_valid)[q_valid]
+    tree = None
+    if tree_mask is not None:  # each padded query's (tree_start, bits), from its row
+        first_row = torch.cumsum(q_lens, 0) - q_lens
+        row = first_row[:, None] + torch.minimum(q_offset[None, :], (q_lens - 1)[:, None])  # [num_seqs, max_q]
+        tree = tree_mask.cpu()[row]  # [num_seqs, max_q, 2]
     mask, sliding_mask = _masks(key_pos, key_valid, query_pos if causal else None, sliding_window,
-                                need_mask=max_q > 1 or min(context_lens) != max_ctx)
+                                need_mask=max_q > 1 or min(context_lens) != max_ctx or tree is not None, tree=tree)
     to_dev = lambda t: None if t is None else t.to(device)  # noqa: E731
     return SdpaIndex(to_dev(query_index), to_dev(query_unpad_index), to_dev(mask), to_dev(sliding_mask))
 
@@ -163,7 +171,7 @@ def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
     of at most ``PAGED_MAX_QUERY`` query rows per sequence; the kernel is built). Longer queries
     (prefill chunks) keep SDPA, whose flash kernel is faster there."""
     if (not meta.causal or meta.max_query_len > PAGED_MAX_QUERY or meta.block_table.device.type != "cpu"
-            or not native.load()):
+            or meta.tree_mask is not None or not native.load()):
         return meta
     q_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
     cu = torch.zeros(len(meta.query_lens) + 1, dtype=torch.int64)
@@ -187,10 +195,12 @@ def split_by_kernel(meta: AttentionMetadata, kernel_of: list[str]) -> AttentionM
     parts = []
     for on_kernel in (True, False):
         seqs = [i for i, p in enumerate(paged) if p == on_kernel]
-        part = build_metadata(meta.block_table[seqs], [meta.query_lens[i] for i in seqs],
-                              [meta.context_lens[i] for i in seqs], meta.block_size, meta.sliding_window, device)
-        part = with_paged_kernel(part) if on_kernel else split_by_kernel(part, kernel_of)
         rows = (row_on_kernel == on_kernel).nonzero().squeeze(1)
+        tree = meta.tree_mask[rows] if meta.tree_mask is not None else None
+        part = build_metadata(meta.block_table[seqs], [meta.query_lens[i] for i in seqs],
+                              [meta.context_lens[i] for i in seqs], meta.block_size, meta.sliding_window, device,
+                              tree_mask=tree)
+        part = with_paged_kernel(part) if on_kernel else split_by_kernel(part, kernel_of)
         parts += [rows.to(device), part]
     return dataclasses.replace(meta, split=KernelSplit(*parts))
 
@@ -198,7 +208,9 @@ def split_by_kernel(meta: AttentionMetadata, kernel_of: list[str]) -> AttentionM
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
            key_valid: torch.Tensor,  # [num_seqs, max_ctx]
            query_pos: torch.Tensor | None,  # [num_seqs, max_q]; None: not causal
-           sliding_window: int | None, need_mask: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+           sliding_window: int | None, need_mask: bool,
+           tree: torch.Tensor | None = None  # [num_seqs, max_q, 2] (tree_start, bits) per query
+           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Causal (and sliding-window) masks ``[num_seqs, 1, max_q, max_ctx]``; None where all-True."""
     if query_pos is None:  # non-causal: every valid key, for every query
         return (key_valid[:, None, None, :] if need_mask else None), None
@@ -206,10 +218,30 @@ def _masks(key_pos: torch.Tensor,  # [max_ctx]
     if not need_mask and not windowed:
         return None, None  # decode of equal-length contexts: every key is visible
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & key_valid[:, None, :]
+    logical_pos = query_pos
+    if tree is not None:
+        mask, logical_pos = _tree_visible(mask, key_pos, query_pos, tree)
     sliding = mask
     if windowed:
-        sliding = mask & (key_pos[None, None, :] > query_pos[:, :, None] - sliding_window)
+        sliding = mask & (key_pos[None, None, :] > logical_pos[:, :, None] - sliding_window)
     return (mask.unsqueeze(1) if need_mask else None), (sliding.unsqueeze(1) if sliding_window else None)
+
+
+def _tree_visible(mask: torch.Tensor,  # [num_seqs, max_q, max_ctx] causal
+                  key_pos: torch.Tensor,  # [max_ctx]
+                  query_pos: torch.Tensor,  # [num_seqs, max_q] cache slot of each query
+                  tree: torch.Tensor  # [num_seqs, max_q, 2] (tree_start, bits)
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal mask narrowed to each tree row's ancestors, and each query's logical position
+    (its depth in the tree past the tree's start: what a sliding window counts from)."""
+    start, bits = tree[..., 0], tree[..., 1]
+    offset = key_pos[None, None, :] - start[:, :, None]  # [num_seqs, max_q, max_ctx]
+    in_tree = offset >= 0
+    bit = (bits[:, :, None] >> offset.clamp(0, 63)) & 1
+    mask = mask & (~in_tree | (bit == 1))
+    popcount = ((bits[:, :, None] >> torch.arange(64)) & 1).sum(-1)  # [num_seqs, max_q]
+    logical = torch.where(start <= query_pos, start + popcount - 1, query_pos)
+    return mask, logical
 
 
 def paged_attention(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]

@@ -6,6 +6,10 @@ already part of the output. So penalties count those drafts as output
 tokens, min-tokens suppression uses the output length at that row, and the
 noise is keyed by that row's position: exactly what plain decoding would do
 at that point, which keeps verification lossless and seeds reproducible.
+
+Tree drafts (``parents``): row ``j > 0`` verifies the children of draft ``j - 1``, so it draws
+the token at ``seq.num_tokens + depth`` as if the drafts on the path to draft ``j - 1`` were
+already part of the output.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sequence import Sequence
+from .tree_verify import path_nodes
 
 
 @dataclass
@@ -47,11 +52,14 @@ class Penalties:
 
 
 def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab_size: int,
-                            eos_token_ids: list[int], device: torch.device) -> SamplingMetadata:
-    """Rows are grouped per sequence: ``len(drafts[i]) + 1`` rows for ``seqs[i]``."""
+                            eos_token_ids: list[int], device: torch.device,
+                            parents: list[list[int] | None] | None = None) -> SamplingMetadata:
+    """Rows are grouped per sequence: ``len(drafts[i]) + 1`` rows for ``seqs[i]``; ``parents[i]``
+    (None: a chain) places tree drafts."""
     params = [s.params for s in seqs]
     reps = torch.tensor([len(d) + 1 for d in drafts])
-    offsets = torch.cat([torch.arange(r) for r in reps.tolist()])  # [num_rows] draft index of each row
+    paths = _row_paths(drafts, parents)  # per sequence, per row: the drafts already output there
+    offsets = torch.tensor([len(path) for rows in paths for path in rows])  # [num_rows]
 
     def rows(values, dtype=None) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).repeat_interleave(reps).to(device)
@@ -73,12 +81,25 @@ def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab
         max_num_logprobs=max(logprobs) if logprobs else None,
     )
     if any(p.has_penalties for p in params):
-        meta.penalties = _penalties(seqs, drafts, reps, vocab_size, device)
-    _suppress(seqs, drafts, meta, eos_token_ids, device)
+        meta.penalties = _penalties(seqs, paths, reps, vocab_size, device)
+    _suppress(seqs, paths, meta, eos_token_ids, device)
     return meta
 
 
-def _penalties(seqs: list[Sequence], drafts: list[list[int]], reps: torch.Tensor, vocab_size: int,
+def _row_paths(drafts: list[list[int]], parents: list[list[int] | None] | None) -> list[list[list[int]]]:
+    """Per sequence, per row: the draft tokens before that row's token (a chain's row ``j``: the first
+    ``j`` drafts; a tree's row ``j``: the path to draft ``j - 1``)."""
+    out = []
+    for i, draft in enumerate(drafts):
+        tree = parents[i] if parents is not None else None
+        if tree is None:
+            out.append([draft[:j] for j in range(len(draft) + 1)])
+        else:
+            out.append([[]] + [[draft[n] for n in path_nodes(tree, j)] for j in range(len(draft))])
+    return out
+
+
+def _penalties(seqs: list[Sequence], paths: list[list[list[int]]], reps: torch.Tensor, vocab_size: int,
                device: torch.device) -> Penalties:
     outputs = _padded([s.output_token_ids for s in seqs], vocab_size)
     prompts = _padded([s.prompt_token_ids for s in seqs], vocab_size)
@@ -87,13 +108,13 @@ def _penalties(seqs: list[Sequence], drafts: list[list[int]], reps: torch.Tensor
     seen = torch.zeros(len(seqs), vocab_size + 1, dtype=torch.bool)
     seen.scatter_(1, prompts, True)
     counts, seen = counts.repeat_interleave(reps, 0), seen.repeat_interleave(reps, 0)
-    # Row j of a sequence also counts its drafts [0, j) as output tokens.
+    # A row also counts the drafts before it (its path) as output tokens.
     draft_rows, draft_ids, row = [], [], 0
-    for draft in drafts:
-        for j in range(1, len(draft) + 1):
-            draft_rows += [row + j] * j
-            draft_ids += draft[:j]
-        row += len(draft) + 1
+    for rows in paths:
+        for j, path in enumerate(rows):
+            draft_rows += [row + j] * len(path)
+            draft_ids += path
+        row += len(rows)
     if draft_rows:
         counts.index_put_((torch.tensor(draft_rows), torch.tensor(draft_ids)), torch.tensor(1.0), accumulate=True)
     counts, seen = counts[:, :-1], seen[:, :-1] | (counts[:, :-1] > 0)
@@ -105,17 +126,17 @@ def _penalties(seqs: list[Sequence], drafts: list[list[int]], reps: torch.Tensor
         output_counts=counts.to(device), seen=seen.to(device))
 
 
-def _suppress(seqs: list[Sequence], drafts: list[list[int]], meta: SamplingMetadata,
+def _suppress(seqs: list[Sequence], paths: list[list[list[int]]], meta: SamplingMetadata,
               eos_token_ids: list[int], device: torch.device) -> None:
     """Ban EOS and stop ids on rows that have not reached min_tokens yet."""
     rows, ids, row = [], [], 0
-    for seq, draft in zip(seqs, drafts):
+    for seq, seq_paths in zip(seqs, paths):
         banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else eos_token_ids)
-        for j in range(len(draft) + 1):
-            if seq.num_output_tokens + j < seq.params.min_tokens:
+        for j, path in enumerate(seq_paths):
+            if seq.num_output_tokens + len(path) < seq.params.min_tokens:
                 rows += [row + j] * len(banned)
                 ids += banned
-        row += len(draft) + 1
+        row += len(seq_paths)
     if rows:
         meta.suppress_rows = torch.tensor(rows, dtype=torch.int64, device=device)
         meta.suppress_ids = torch.tensor(ids, dtype=torch.int64, device=device)

@@ -29,6 +29,8 @@ Rules (Leviathan et al. 2023, as vLLM):
   the standard rule above by default; block verify (lossless: Sun et al.
   Algorithm 2; or vLLM-Ascend's cumulative rule) and entropy verify (lossy)
   where configured. Greedy rows never change.
+* Tree drafts (``spec.draft_parents``): one-hot, verified by following the target's own draw down
+  the tree (``tree_verify.py``); the result also gives the accepted path's drafts.
 * A draft the grammar forbade was cut before verification (structured outputs); if it carried
   ``q``, its rejection was certain (the grammar masks ``p(x)`` to 0), so when every kept draft
   is accepted the token at its position is drawn from ``norm(max(0, p - q))`` with the residual
@@ -46,6 +48,7 @@ import torch
 from .logits import draw, process_logits, uniform_noise
 from .metadata import SamplingMetadata
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from .tree_verify import tree_accept
 from .verify_rule import ACCEPT_STREAM, RESIDUAL_STREAM, STANDARD, SampledRows, VerifyRule, num_leading
 
 __all__ = ["ACCEPT_STREAM", "RESIDUAL_STREAM", "VerifyInput", "VerifyOutput", "rejection_sample"]
@@ -71,7 +74,8 @@ class VerifyOutput:
     token_ids: torch.Tensor  # [num_seqs, K + 1] int64, PLACEHOLDER padded
     num_accepted: torch.Tensor  # [num_seqs] int64 accepted drafts (emitted = num_accepted + 1)
     row_token_ids: torch.Tensor  # [num_rows] int64 the token emitted at each row (PLACEHOLDER if none)
-    row_index: torch.Tensor  # [num_seqs, K + 1] logits row of (seq, position), as SpecDecodeMetadata.row_index
+    row_index: torch.Tensor  # [num_seqs, K + 1] logits row of each emitted token (of (seq, position) for chains)
+    path: torch.Tensor | None = None  # tree drafts: [num_seqs, K] accepted draft at each depth, -1 past it
 
 
 def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logits, fp32
@@ -80,6 +84,8 @@ def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logit
                      rule: VerifyRule = STANDARD) -> VerifyOutput:
     inp = VerifyInput.of(spec)
     target_ids, probs = draw(process_logits(logits, meta), meta)  # plain decoding's draw at every row
+    if spec.draft_parents is not None:
+        return _tree_sample(target_ids, inp, spec)
     num_seqs, width = inp.row_index.shape
     k = width - 1
     positions = torch.arange(width, device=logits.device)
@@ -101,6 +107,30 @@ def rejection_sample(logits: torch.Tensor,  # [num_rows, vocab] raw target logit
     emitted = positions[None, :] <= num_accepted[:, None]
     row_token_ids[inp.row_index[emitted]] = token_ids[emitted]
     return VerifyOutput(token_ids, num_accepted, row_token_ids, inp.row_index)
+
+
+def _tree_sample(target_ids: torch.Tensor,  # [num_rows] each row's target token
+                 inp: VerifyInput, spec: SpecDecodeMetadata) -> VerifyOutput:
+    if inp.draft_probs is not None:
+        raise ValueError("tree drafts are verified as one-hot drafts: they carry no draft probabilities")
+    num_seqs, width = inp.row_index.shape
+    positions = torch.arange(width, device=target_ids.device)
+    valid = positions[None, :] <= inp.num_draft_tokens[:, None]  # [num_seqs, K + 1]
+    target = torch.where(valid, target_ids[inp.row_index], PLACEHOLDER_TOKEN_ID)
+    verdict = tree_accept(target, inp.draft_token_ids, spec.draft_parents, spec.draft_valid, spec.draft_depths,
+                          int(spec.draft_depths.max()) if spec.draft_depths.numel() else 0)
+    num_accepted, path = verdict.num_accepted, verdict.path
+    drafts_on_path = inp.draft_token_ids.gather(1, path.clamp(min=0))  # [num_seqs, K]
+    token_ids = torch.where(path >= 0, drafts_on_path, PLACEHOLDER_TOKEN_ID)
+    token_ids = torch.cat([token_ids, token_ids.new_full((num_seqs, 1), PLACEHOLDER_TOKEN_ID)], dim=1)
+    token_ids.scatter_(1, num_accepted[:, None], target.gather(1, verdict.last_row[:, None]))
+    # Emitted token j was drawn at the row of the path's draft j - 1 (the root's row for j = 0).
+    emitted_row = torch.cat([torch.zeros_like(num_accepted)[:, None], path + 1], dim=1).clamp(min=0)
+    row_index = inp.row_index[:, :1] + emitted_row  # [num_seqs, K + 1] (a sequence's rows are consecutive)
+    emitted = positions[None, :] <= num_accepted[:, None]
+    row_token_ids = torch.full_like(target_ids, PLACEHOLDER_TOKEN_ID)
+    row_token_ids[row_index[emitted]] = token_ids[emitted]
+    return VerifyOutput(token_ids, num_accepted, row_token_ids, torch.where(emitted, row_index, 0), path)
 
 
 def _sampled_rows(probs: torch.Tensor,  # [num_rows, vocab] target probs

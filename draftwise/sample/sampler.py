@@ -34,12 +34,15 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None  # [num_seqs, max_spec_len + 1] its rank among the vocabulary
     top_ids: torch.Tensor | None = None  # [num_seqs, max_spec_len + 1, max_num_logprobs]
     top_logprobs: torch.Tensor | None = None  # [num_seqs, max_spec_len + 1, max_num_logprobs]
+    accepted_path: torch.Tensor | None = None  # tree drafts: [num_seqs, max_spec_len] accepted draft per depth
 
     def to_host(self) -> "HostSample":
         rows = self.token_ids.tolist()
         counts = [sum(1 for t in row if t != PLACEHOLDER_TOKEN_ID) for row in rows]
         token_ids = [row[:n] for row, n in zip(rows, counts)]
         host = HostSample(token_ids)
+        if self.accepted_path is not None:
+            host.accepted_path = [row[:n - 1] for row, n in zip(self.accepted_path.tolist(), counts)]
         if self.logprobs is not None:
             host.logprobs = [row[:n] for row, n in zip(self.logprobs.tolist(), counts)]
             host.ranks = [row[:n] for row, n in zip(self.ranks.tolist(), counts)]
@@ -57,6 +60,7 @@ class HostSample:
     ranks: list[list[int]] | None = None
     top_ids: list[list[list[int]]] | None = None
     top_logprobs: list[list[list[float]]] | None = None
+    accepted_path: list[list[int]] | None = None  # tree drafts: per sequence, the accepted drafts' indices
 
 
 def sample(logits: torch.Tensor,  # [num_rows, vocab] raw model logits, fp32
@@ -70,7 +74,7 @@ def sample(logits: torch.Tensor,  # [num_rows, vocab] raw model logits, fp32
     else:
         verified = rejection_sample(logits, meta, spec, rule)
         row_token_ids, row_index = verified.row_token_ids, verified.row_index
-        out = SamplerOutput(verified.token_ids)
+        out = SamplerOutput(verified.token_ids, accepted_path=verified.path)
     if meta.max_num_logprobs is not None:
         _add_logprobs(out, logits, row_token_ids, row_index, meta.max_num_logprobs)
     return out

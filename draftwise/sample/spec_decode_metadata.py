@@ -38,6 +38,9 @@ class SpecDecodeMetadata:
     has_probs: torch.Tensor | None = None  # [num_seqs] bool: this sequence's drafts carry probs
     residual_probs: torch.Tensor | None = None  # [num_seqs, vocab] q of the draft the grammar cut, zeros if none
     has_residual: torch.Tensor | None = None  # [num_seqs] bool: a row of residual_probs applies
+    # Tree drafts (``tree_verify.py``): padded like ``padded_drafts``; a chain's parents are i - 1.
+    draft_parents: torch.Tensor | None = None  # [num_seqs, max_spec_len] int64, -1 for the root's children
+    draft_depths: torch.Tensor | None = None  # [num_seqs, max_spec_len] int64, 0 where padded
     # Derived, padded views (filled in __post_init__):
     max_spec_len: int = field(init=False)
     draft_counts: torch.Tensor = field(init=False)  # [num_seqs] int64: num_draft_tokens as a tensor
@@ -57,7 +60,8 @@ class SpecDecodeMetadata:
     def from_drafts(cls, drafts: list[list[int]],
                     draft_probs: list[torch.Tensor | None] | None,  # per sequence [>= len(draft), vocab]
                     device: torch.device,
-                    residual_probs: list[torch.Tensor | None] | None = None  # per sequence [vocab] or None
+                    residual_probs: list[torch.Tensor | None] | None = None,  # per sequence [vocab] or None
+                    parents: list[list[int] | None] | None = None  # per sequence: tree drafts' parents; None: chain
                     ) -> "SpecDecodeMetadata":
         """Logits laid out as the model runner computes them: ``len(drafts[i]) + 1`` rows per sequence."""
         num = torch.tensor([len(d) for d in drafts], dtype=torch.int64)
@@ -77,8 +81,11 @@ class SpecDecodeMetadata:
             residual = torch.stack([q.to(device=device, dtype=torch.float32) if q is not None
                                     else torch.zeros(vocab, device=device) for q in residual_probs])
             has_residual = torch.tensor([q is not None for q in residual_probs], device=device)
+        tree_parents = tree_depths = None
+        if parents is not None and any(p is not None for p in parents):
+            tree_parents, tree_depths = _tree_layout(drafts, parents, device)
         return cls(flat_ids.to(device), [len(d) for d in drafts], cu_drafts.to(device), target.to(device),
-                   bonus.to(device), probs, has_probs, residual, has_residual)
+                   bonus.to(device), probs, has_probs, residual, has_residual, tree_parents, tree_depths)
 
     def padded_drafts(self) -> torch.Tensor:  # [num_seqs, max_spec_len] int64, PLACEHOLDER where padded
         return torch.where(self.draft_valid, self.draft_token_ids[self.draft_index], PLACEHOLDER_TOKEN_ID)
@@ -97,6 +104,23 @@ class SpecDecodeMetadata:
         rows = torch.cat([rows, torch.zeros_like(num)], dim=1)
         rows = torch.where(positions[None, :] < num, rows, 0)
         return torch.where(positions[None, :] == num, self.bonus_logits_indices[:, None], rows)
+
+
+def _tree_layout(drafts: list[list[int]], parents: list[list[int] | None],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(parents, depths), each [num_seqs, max_spec_len] int64: a chain where ``parents[i]`` is None."""
+    width = max((len(d) for d in drafts), default=0)
+    rows_parents, rows_depths = [], []
+    for draft, tree in zip(drafts, parents):
+        tree = tree if tree is not None else list(range(-1, len(draft) - 1))
+        depths: list[int] = []
+        for p in tree:
+            depths.append(1 if p < 0 else depths[p] + 1)
+        pad = width - len(draft)
+        rows_parents.append(list(tree) + [-1] * pad)
+        rows_depths.append(depths + [0] * pad)
+    return (torch.tensor(rows_parents, dtype=torch.int64, device=device),
+            torch.tensor(rows_depths, dtype=torch.int64, device=device))
 
 
 def _pack_probs(drafts: list[list[int]], draft_probs: list[torch.Tensor | None],

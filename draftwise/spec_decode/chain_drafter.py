@@ -30,6 +30,10 @@ Drafts are the drafter's argmax (one-hot, verified losslessly). Drafter
 positions past ``num_tokens - 2`` are speculative and are overwritten when
 the real hidden states arrive, so the engine only clips
 ``drafter_num_computed_tokens``.
+
+With a token tree (``speculative_token_tree``; ``drafts_trees``), ``_tree`` drafts level by level
+instead: a node's children are its drafter output's top-k, in the tree's ranks; each level's
+nodes run in one batched forward (``tree_drafting.py``).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from ..paged import ForwardInput, KVCacheSpec, prepare_batch
 from .forward_timer import ForwardTimer, RowsTimer
 from .interface import DraftBatch, ProposeBatch, Proposer, TargetHidden
 from .pending_rows import PendingRows
+from .tree_drafting import draft_tree
 
 MAX_PENDING_ROWS = 1024  # a sequence that does not draft is ingested once this many of its rows wait
 
@@ -79,6 +84,10 @@ class ChainModel(nn.Module):
         raise NotImplementedError
 
     def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows] target token ids
+        raise NotImplementedError
+
+    def draft_topk(self, step: int, hidden: torch.Tensor, k: int) -> torch.Tensor:  # [num_rows, k] target ids
+        """The ``k`` likeliest next tokens, best first (tree drafting; chain-only drafters need not)."""
         raise NotImplementedError
 
     def cache_index(self, step: int) -> int:
@@ -135,10 +144,15 @@ class ChainProposer(Proposer):
         limits = [limit if seq.seq_id in last else 0 for seq, limit in zip(batch.seqs, batch.max_num_drafts)]
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         rows = [i for i, limit in enumerate(limits) if limit > 0]
+        tree = self.config.token_tree
         if rows:
             hidden = torch.stack([last[batch.seqs[i].seq_id] for i in rows])  # [num_rows, hidden]
-            self._chain(batch.seqs, rows, limits, hidden, drafts)
-        return DraftBatch.from_lists(drafts)
+            if tree is None:
+                self._chain(batch.seqs, rows, limits, hidden, drafts)
+            else:
+                draft_tree(self, tree, [batch.seqs[i] for i in rows], [limits[i] for i in rows], hidden,
+                           [drafts[i] for i in rows])
+        return DraftBatch.from_lists(drafts, parents=list(tree.parents) if tree is not None else None)
 
     def drafting(self, batch: ProposeBatch) -> set[int]:
         """Ids of the sequences that may draft this step (the others' rows wait). Remembers the batch's

@@ -26,11 +26,13 @@ from ..validate import PREFIX, as_bool, check_choice, check_int, parse_json, rea
 from .batch_limits import SCHEDULE_KEY, BatchSizeLimits, Schedule, parse_schedule
 from .drafter_checkpoint import infer_method, speculators_num_tokens
 from .interface import Proposer, proposer_class, registered_methods
+from .token_tree import KEY as TREE_KEY
+from .token_tree import TokenTree
 
 SUFFIX_MIX_KEY = "enable_suffix_decoding"  # Arctic Inference's key: model drafts mixed with suffix drafts
 _COMMON_KEYS = ("method", "num_speculative_tokens", "model", "draft_model", "draft_tensor_parallel_size",
                 "tensor_parallel_size", "disable_padded_drafter_batch", "max_model_len", "disable_by_batch_size",
-                SCHEDULE_KEY, SUFFIX_MIX_KEY)
+                SCHEDULE_KEY, SUFFIX_MIX_KEY, TREE_KEY)
 NOT_MIXABLE = ("suffix", "extract_hidden_states")
 
 
@@ -49,6 +51,7 @@ class SpeculativeConfig:
     options: Any = None  # the method's Options instance
     proposer_cls: type[Proposer] | None = dataclasses.field(default=None, repr=False)
     suffix_config: "SpeculativeConfig | None" = None  # enable_suffix_decoding: the suffix proposer's config
+    token_tree: TokenTree | None = None  # speculative_token_tree: drafts as a tree of num_speculative_tokens nodes
 
     @classmethod
     def from_value(cls, raw, target_tensor_parallel_size: int = 1,
@@ -59,14 +62,15 @@ class SpeculativeConfig:
         own_keys = [f.name for f in dataclasses.fields(proposer.Options)]
         options = proposer.Options(**read_bools(proposer.Options, {k: raw[k] for k in own_keys if k in raw}))
         common = read_bools(cls, {k: raw[k] for k in _COMMON_KEYS if k in raw})
-        config = cls(method=method, num_speculative_tokens=_num_tokens(raw, proposer, options),
+        tree = _token_tree(raw, proposer, suffix_config)
+        config = cls(method=method, num_speculative_tokens=_num_tokens(raw, proposer, options, tree),
                      model=_model(raw), options=options, proposer_cls=proposer,
                      draft_tensor_parallel_size=_draft_tp(raw, target_tensor_parallel_size),
                      disable_padded_drafter_batch=common.get("disable_padded_drafter_batch", False),
                      max_model_len=_optional_int(raw, "max_model_len"),
                      disable_by_batch_size=_optional_int(raw, "disable_by_batch_size"),
                      num_speculative_tokens_per_batch_size=parse_schedule(raw.get(SCHEDULE_KEY)),
-                     suffix_config=suffix_config)
+                     suffix_config=suffix_config, token_tree=None if tree is None or tree.is_chain else tree)
         proposer.check_config(config)
         return config
 
@@ -84,6 +88,8 @@ class SpeculativeConfig:
         out.update(dataclasses.asdict(self.options))
         if self.suffix_config is not None:
             out.update({SUFFIX_MIX_KEY: True, **dataclasses.asdict(self.suffix_config.options)})
+        if self.token_tree is not None:
+            out[TREE_KEY] = self.token_tree.describe()
         return out
 
 
@@ -157,8 +163,30 @@ def _method(raw: dict) -> str:
     return method
 
 
-def _num_tokens(raw: dict, proposer: type[Proposer], options) -> int:
+def _token_tree(raw: dict, proposer: type[Proposer], suffix_config) -> TokenTree | None:
+    """The parsed ``speculative_token_tree`` (None: absent). A chain is what no tree means: any method takes it."""
+    if raw.get(TREE_KEY) is None:
+        return None
+    tree = TokenTree.parse(raw[TREE_KEY])
+    if tree.is_chain:
+        return tree
+    if not proposer.drafts_trees:
+        allowed = sorted(m for m in registered_methods() if proposer_class(m).drafts_trees)
+        raise ValueError(f"{PREFIX}[{TREE_KEY!r}] is invalid for method {proposer.method!r}: only "
+                         f"{allowed} draft trees")
+    if suffix_config is not None:
+        raise ValueError(f"{PREFIX}[{TREE_KEY!r}] and {SUFFIX_MIX_KEY!r} cannot be combined: suffix drafts "
+                         "are chains")
+    return tree
+
+
+def _num_tokens(raw: dict, proposer: type[Proposer], options, tree: TokenTree | None = None) -> int:
     value = raw.get("num_speculative_tokens")
+    if tree is not None:  # as vLLM: the tree's nodes are the drafts verified each step
+        if value is not None and value != len(tree):
+            raise ValueError(f"{PREFIX}['num_speculative_tokens']={value!r} is invalid with {TREE_KEY!r}: "
+                             f"must be the tree's number of nodes ({len(tree)}) or omitted")
+        return len(tree)
     if value is None:
         value = speculators_num_tokens(_model(raw)) or proposer.default_num_speculative_tokens(options, _model(raw))
         if value is None:

@@ -108,16 +108,19 @@ class DraftBatch:
     # Optional per sequence: the proposer's estimate that its first i + 1 drafts are all accepted
     # (non-increasing); the engine cuts drafts whose expected gain does not pay for their rows.
     confidence: list[list[float]] | None = None
+    # Tree drafts: the parent of each draft (-1: the root), shared by every sequence, which holds a
+    # prefix of it (token_tree.py); None: each sequence's drafts are a chain.
+    parents: list[int] | None = None
 
     @classmethod
     def from_lists(cls, drafts: list[list[int]], probs: torch.Tensor | None = None,
-                   confidence: list[list[float]] | None = None) -> "DraftBatch":
+                   confidence: list[list[float]] | None = None, parents: list[int] | None = None) -> "DraftBatch":
         width = max((len(d) for d in drafts), default=0)
         ids = torch.full((len(drafts), width), -1, dtype=torch.int64)
         for i, draft in enumerate(drafts):
             if draft:
                 ids[i, :len(draft)] = torch.tensor(draft, dtype=torch.int64)
-        return cls(ids, [len(d) for d in drafts], probs, confidence)
+        return cls(ids, [len(d) for d in drafts], probs, confidence, parents)
 
 
 class Proposer(ABC):
@@ -126,6 +129,7 @@ class Proposer(ABC):
     needs: ClassVar[ProposerNeeds] = ProposerNeeds()
     drafter_in_target: ClassVar[bool] = False  # True: ``model`` defaults to the target's directory (MTP, Medusa)
     shards_drafter: ClassVar[bool] = False  # True: draft_tensor_parallel_size > 1 shards it over the ranks
+    drafts_trees: ClassVar[bool] = False  # True: it drafts config.token_tree (speculative_token_tree)
 
     @dataclass
     class Options:

@@ -79,8 +79,6 @@ KEYS: dict[str, VllmKey] = {
                             "weights are used as stored, in the target's dtype"),
     "parallel_drafting": VllmKey("bool", (False,), True, "parallel drafting (P-EAGLE, PARD) is not built: "
                                  "drafts are made one position after another"),
-    "speculative_token_tree": VllmKey("any", (None,), True, "tree drafting is not built: each sequence's "
-                                      "drafts are one chain"),
     "use_heterogeneous_vocab": VllmKey("bool", (False,), True, "a drafter needs the target's vocabulary here "
                                        "(no token-intersection drafting)"),
     "draft_load_config": VllmKey("any", (None,), True, "the drafter loads from its local directory with "

@@ -55,10 +55,14 @@ class Eagle1Model(ChainModel):
     def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
         return self._target[0].compute_logits(hidden).argmax(dim=-1)
 
+    def draft_topk(self, step: int, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        return self._target[0].compute_logits(hidden).topk(k, dim=-1).indices
+
 
 @register
 class EagleProposer(ChainProposer):
     method = "eagle"
+    drafts_trees = True
     needs = ProposerNeeds(hidden_states=True, kv_cache=True, kv_reads_next_token=True)
 
     @classmethod

@@ -90,13 +90,21 @@ class Eagle3Model(ChainModel):
         return self._forward(token_ids, positions, hidden, kv_cache, meta)
 
     def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
-        draft = self.lm_head(self.norm(hidden).to(input_dtype(self.lm_head))).argmax(dim=-1)
+        draft = self._draft_logits(hidden).argmax(dim=-1)
         return draft + self.d2t[draft]
+
+    def draft_topk(self, step: int, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        draft = self._draft_logits(hidden).topk(k, dim=-1).indices  # [num_rows, k]
+        return draft + self.d2t[draft]
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, draft_vocab]
+        return self.lm_head(self.norm(hidden).to(input_dtype(self.lm_head)))
 
 
 @register
 class Eagle3Proposer(ChainProposer):
     method = "eagle3"
+    drafts_trees = True
 
     @classmethod
     def check_config(cls, config) -> None:

@@ -4,7 +4,10 @@ Head ``i`` = residual blocks ``x + SiLU(W x + b)`` then its own lm_head, all
 reading the same final-norm hidden state of the target; drafts are each
 head's top-1 (a chain, as vLLM). No KV cache and no drafter forward over the
 context: the row the target computed at position ``num_tokens - 2`` is all
-it reads.
+it reads. With ``speculative_token_tree`` (Medusa's tree attention), node
+``(r_1, ..., r_d)`` is head ``d - 1``'s rank-``r_d`` candidate: the heads see
+only the root's state, so a node's candidates do not depend on its parent; the
+tree's depth may not exceed the head count.
 
 Checkpoints (``model``, a local directory; without ``model``, the target's own
 directory): ``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt`` when the
@@ -64,11 +67,13 @@ class MedusaHeads(nn.Module):
             token_map = torch.arange(vocab)
         self.register_buffer("token_map", token_map, persistent=False)
 
-    def forward(self, hidden: torch.Tensor, num_heads: int) -> torch.Tensor:  # [num_rows, H] -> [num_rows, heads]
+    def forward(self, hidden: torch.Tensor,  # [num_rows, H]
+                num_heads: int, k: int = 1) -> torch.Tensor:  # [num_rows, heads, k] each head's top-k, best first
         dtype = input_dtype(self.lm_heads[0])
         out = []
         for blocks, lm_head in zip(self.blocks[:num_heads], self.lm_heads[:num_heads]):
-            out.append(lm_head(medusa_head(blocks, hidden.to(dtype))).argmax(dim=-1))
+            logits = lm_head(medusa_head(blocks, hidden.to(dtype)))
+            out.append(logits.argmax(dim=-1, keepdim=True) if k == 1 else logits.topk(k, dim=-1).indices)
         return self.token_map[torch.stack(out, dim=1)]
 
 
@@ -122,6 +127,7 @@ class MedusaProposer(Proposer):
     method = "medusa"
     needs = ProposerNeeds(hidden_states=True)
     drafter_in_target = True  # ``model`` defaults to the target's directory (heads beside its weights)
+    drafts_trees = True
 
     @dataclass
     class Options:
@@ -136,7 +142,7 @@ class MedusaProposer(Proposer):
         num_heads = config.options.num_heads
         declared = _declared_heads(config.model, heads_files(config.model))
         _check_num_heads(num_heads, declared, f"{PREFIX}['model']={config.model!r}")
-        _check_num_tokens(config.num_speculative_tokens, num_heads or declared, "the Medusa checkpoint")
+        _check_num_tokens(_depth(config), num_heads or declared, "the Medusa checkpoint")
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
@@ -148,7 +154,7 @@ class MedusaProposer(Proposer):
         ckpt = load_drafter(config.model, self.method, files=heads_files(config.model))
         self.heads = place(MedusaHeads(ckpt, target.hf_config.hidden_size, target.vocab_size), target)
         _check_num_heads(self.options.num_heads, len(self.heads.lm_heads), ckpt.what)
-        _check_num_tokens(config.num_speculative_tokens, len(self.heads.lm_heads), ckpt.what)
+        _check_num_tokens(_depth(config), len(self.heads.lm_heads), ckpt.what)
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
@@ -164,12 +170,18 @@ class MedusaProposer(Proposer):
                 rows.append(row)
                 owners.append(n)
         drafts: list[list[int]] = [[] for _ in batch.seqs]
+        tree = self.config.token_tree
         if rows:
-            num_heads = max(batch.max_num_drafts[n] for n in owners)
-            ids = self.heads(target.hidden_states[torch.tensor(rows)], num_heads).tolist()  # [num_rows, heads]
-            for n, row_ids in zip(owners, ids):
-                drafts[n] = row_ids[:batch.max_num_drafts[n]]
-        return DraftBatch.from_lists(drafts)
+            limits = [batch.max_num_drafts[n] for n in owners]
+            num_heads = max(limits) if tree is None else max(tree.depths[:max(limits)])
+            k = 1 if tree is None else max(tree.ranks) + 1
+            ids = self.heads(target.hidden_states[torch.tensor(rows)], num_heads, k).tolist()  # [rows, heads, k]
+            for n, row_ids, limit in zip(owners, ids, limits):
+                if tree is None:
+                    drafts[n] = [candidates[0] for candidates in row_ids[:limit]]
+                else:
+                    drafts[n] = [row_ids[d - 1][r] for d, r in zip(tree.depths[:limit], tree.ranks[:limit])]
+        return DraftBatch.from_lists(drafts, parents=list(tree.parents) if tree is not None else None)
 
 
 def _declared_heads(model: str | None, files: list[Path] | None) -> int | None:
@@ -188,7 +200,19 @@ def _check_num_heads(num_heads: int | None, found: int | None, where: str) -> No
         raise ValueError(f"{PREFIX}['num_heads']={num_heads} is invalid: {where} has {found} Medusa heads")
 
 
-def _check_num_tokens(num_tokens: int, num_heads: int | None, where: str) -> None:
-    if num_heads is not None and num_tokens > num_heads:
-        raise ValueError(f"{PREFIX}['num_speculative_tokens']={num_tokens} is invalid: {where} has {num_heads} "
+def _depth(config) -> tuple[str, int]:
+    """(the key, the heads the drafts need): one per draft of a chain, one per depth of a tree."""
+    if config.token_tree is None:
+        return "num_speculative_tokens", config.num_speculative_tokens
+    return "speculative_token_tree", config.token_tree.max_depth
+
+
+def _check_num_tokens(need: tuple[str, int], num_heads: int | None, where: str) -> None:
+    key, depth = need
+    if num_heads is None or depth <= num_heads:
+        return
+    if key == "num_speculative_tokens":
+        raise ValueError(f"{PREFIX}['num_speculative_tokens']={depth} is invalid: {where} has {num_heads} "
                          "heads (at most one draft per head)")
+    raise ValueError(f"{PREFIX}[{key!r}] is {depth} deep, which needs {depth} heads: {where} has {num_heads} "
+                     "heads (one per depth)")
