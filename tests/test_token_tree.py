@@ -142,7 +142,7 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 class TreeOracle(Proposer):
     """Drafts the config's tree with the target's own next tokens (``expected``, by prompt) placed at
-    a random rank under each right node, or at none, and distinct wrong tokens elsewhere."""
+    a random rank under each right node (at none one time in ten), and distinct wrong tokens elsewhere."""
     method = "tree_oracle"
     drafts_trees = True
     expected: dict[tuple[int, ...], list[int]] = {}
@@ -151,8 +151,9 @@ class TreeOracle(Proposer):
         tree, drafts = self.config.token_tree, []
         for seq, limit in zip(batch.seqs, batch.max_num_drafts):
             want, done = self.expected[tuple(seq.prompt_token_ids)], seq.num_output_tokens
-            rng = random.Random(seq.seq_id * 1000 + done)
-            right_rank = {n: rng.randrange(tree.num_children(n) + 1) for n in range(-1, len(tree))}
+            rng = random.Random(hash((tuple(seq.prompt_token_ids), done)))  # the same every run
+            right_rank = {n: rng.randrange(tree.num_children(n)) if tree.num_children(n) and rng.random() < 0.9
+                          else -1 for n in range(-1, len(tree))}  # -1: no child is right
             right, tokens = {-1: True}, []
             for i in range(min(limit, len(tree))):
                 index = done + tree.depths[i] - 1
@@ -163,8 +164,10 @@ class TreeOracle(Proposer):
         return DraftBatch.from_lists(drafts, parents=list(tree.parents))
 
 
-@pytest.fixture(scope="module")
-def oracle():
+@pytest.fixture
+def oracle(monkeypatch):
+    """The oracle registered, and every draft verified (the draft-length policy keeps them all)."""
+    monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0")
     register(TreeOracle)
     yield TreeOracle
     _REGISTRY.pop(TreeOracle.method)

@@ -51,6 +51,11 @@ is the classic rule (draft ``k`` tokens while
 ``(1 + alpha + ... + alpha^k) / cost(1 + k)`` still rises); in a batch large
 enough that rows are not free, speculation steps aside on its own.
 
+With a token tree (``speculative_token_tree``) a sequence's drafts are a breadth-first prefix of
+the tree, ``alpha`` is the chance of accepting one more depth (``observe`` is given the depth
+verified), and a node at depth ``d`` gains ``alpha ** d`` shared among the tree's nodes of that
+depth (made non-increasing along the prefix), so the tree's gains sum to a chain's of its depth.
+
 The choice only changes speed: verification is lossless whatever the length.
 """
 from __future__ import annotations
@@ -60,6 +65,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..sequence import Sequence
+from ..spec_decode.token_tree import TokenTree
 from .step_cost import StepCostModel
 
 PRIOR = 0.5  # acceptance assumed before any draft was verified
@@ -78,8 +84,9 @@ def _free(depth: int) -> float:
 
 
 class DraftLengthPolicy:
-    def __init__(self, step_cost: StepCostModel):
+    def __init__(self, step_cost: StepCostModel, tree: TokenTree | None = None):
         self.step_cost = step_cost
+        self.tree = tree
         self.accepted = 0.0  # decayed accepted drafts, over every sequence
         self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
         self.idle_steps = 0  # steps in a row that withheld every draft
@@ -95,7 +102,7 @@ class DraftLengthPolicy:
         verifying in a step of ``num_base_rows`` rows before drafts (one decode row per sequence)."""
         if not self.prices_rows:
             return list(max_num_drafts)
-        gains = [_geometric(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
+        gains = [self._gains(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
         chosen = self.allocate(gains, num_base_rows, drafting_seconds, [seq.num_tokens for seq in seqs])
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
@@ -157,6 +164,15 @@ class DraftLengthPolicy:
         per_draft = [max(row_slope + cost.key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
         order = sorted(range(len(entries)), key=lambda e: (-entries[e][0] / per_draft[e], entries[e][1], e))
         return [entries[e] for e in order]
+
+    def _gains(self, alpha: float, num: int) -> list[float]:
+        """Expected tokens added by each of a sequence's first ``num`` drafts (chain or tree nodes)."""
+        if self.tree is None:
+            return _geometric(alpha, num)
+        depths = self.tree.depths
+        width = {d: depths.count(d) for d in set(depths)}
+        gains = [alpha ** d / width[d] for d in depths[:num]]
+        return list(np.minimum.accumulate(gains)) if gains else []
 
     @property
     def prior(self) -> float:

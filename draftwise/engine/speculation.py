@@ -57,7 +57,8 @@ class Speculator:
         self.stats = SpecDecodingStats(self.num_spec_tokens)
         self.logger = SpecDecodingLogger(self.num_spec_tokens)
         self.block_manager: BlockManager | None = None
-        self.policy = DraftLengthPolicy(StepCostModel.fixed(0.0, self.num_spec_tokens + 1))
+        self.tree = config.token_tree
+        self.policy = DraftLengthPolicy(StepCostModel.fixed(0.0, self.num_spec_tokens + 1), self.tree)
         self.draft_limits = DraftLimitCounts()  # every step's DraftPlan reasons, counted
         self.last_plan: DraftPlan | None = None
 
@@ -78,7 +79,7 @@ class Speculator:
 
     def price_with(self, step_cost: StepCostModel) -> None:
         """Price drafts with the engine's step-cost model (until then every draft is kept)."""
-        self.policy = DraftLengthPolicy(step_cost)
+        self.policy = DraftLengthPolicy(step_cost, self.tree)
 
     def on_verified(self, result: StepResult) -> None:
         step = SpecDecodingStats(self.num_spec_tokens)
@@ -86,7 +87,8 @@ class Speculator:
             if num_drafts == 0:
                 continue
             seq.spec.observe(num_drafts, num_accepted)
-            self.policy.observe(seq, num_drafts, num_accepted)
+            depth = self.tree.depths[num_drafts - 1] if self.tree is not None else num_drafts  # (a tree's prefix)
+            self.policy.observe(seq, depth, num_accepted)
             self.proposer.observe(seq, num_drafts, num_accepted)
             step.observe(num_drafts, num_accepted)
         if step.num_drafts:
