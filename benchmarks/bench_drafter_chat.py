@@ -5,10 +5,11 @@ greedy, ``--max-tokens`` each, one request at a time, on the default model at th
 precision. For each head (``--heads``, default the shipped one) and each K (``--k``): tokens/s and
 its ratio to plain decoding, mean acceptance length, per-position acceptance, whether every output
 equals plain decoding's. ``--every-step`` drafts at every step (the draft-length policy's step-cost
-pricing off): acceptance as the head makes it; without it, what a user gets.
+pricing off): acceptance as the head makes it; without it, what a user gets. ``--trees`` adds a
+run per token tree (``speculative_token_tree``, ``;``-separated; K is then the tree's node count).
 
     flock /tmp/draftwise-bench.lock python benchmarks/bench_drafter_chat.py [--heads A,B] [--k 2,3] \
-        [--every-step] [--out FILE.json]
+        [--trees "[(0,), (1,), (0, 0)];..."] [--every-step] [--out FILE.json]
 """
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def run(config: dict | None, conversations: list[list[dict]], max_tokens: int) -
     stats = llm.get_spec_decode_stats()
     if stats:
         drafts = stats["spec_decode_num_drafts"] - before.get("spec_decode_num_drafts", 0)
-        per_pos = [a - b for a, b in zip(stats["spec_decode_num_accepted_tokens_per_pos"],
-                                         before.get("spec_decode_num_accepted_tokens_per_pos", [0] * 8))]
+        now = stats["spec_decode_num_accepted_tokens_per_pos"]
+        per_pos = [a - b for a, b in zip(now, before.get("spec_decode_num_accepted_tokens_per_pos", [0] * len(now)))]
         result.update(num_drafts=drafts, mean_acceptance_length=1 + sum(per_pos) / max(drafts, 1),
                       per_position=[round(n / max(drafts, 1), 3) for n in per_pos])
     return result
@@ -58,6 +59,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default=SHIPPED, help="comma-separated EAGLE-3 drafter paths or bundled names")
     parser.add_argument("--k", default="3", help="comma-separated num_speculative_tokens")
+    parser.add_argument("--trees", default="", help="';'-separated speculative_token_tree values, run per head")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--every-step", action="store_true", help="draft at every step (no step-cost pricing)")
     parser.add_argument("--out", default=None)
@@ -70,13 +72,18 @@ def main() -> None:
     print(f"{'(plain)':52s} {'-':>2s} {plain['tokens_per_s']:9.1f} {1:6.2f}x")
     rows = []
     for head in args.heads.split(","):
-        for k in map(int, args.k.split(",")):
-            r = run({"method": "eagle3", "model": head, "num_speculative_tokens": k}, conversations, args.max_tokens)
+        configs = [{"method": "eagle3", "model": head, "num_speculative_tokens": int(k)} for k in args.k.split(",")]
+        configs += [{"method": "eagle3", "model": head, "speculative_token_tree": tree}
+                    for tree in args.trees.split(";") if tree.strip()]
+        for config in configs:
+            r = run(config, conversations, args.max_tokens)
+            k = len(r["per_position"])
             same = r["outputs"] == plain["outputs"]
             ratio = r["tokens_per_s"] / plain["tokens_per_s"]
             print(f"{head[-52:]:52s} {k:2d} {r['tokens_per_s']:9.1f} {ratio:5.2f}x {r['mean_acceptance_length']:6.3f}"
                   f"  {' '.join(f'{p:.3f}' for p in r['per_position'])}  {same}")
-            rows.append({"head": head, "k": k, "tokens_per_s": round(r["tokens_per_s"], 1),
+            rows.append({"head": head, "k": k, "tree": config.get("speculative_token_tree"),
+                         "tokens_per_s": round(r["tokens_per_s"], 1),
                          "ratio_to_plain": round(ratio, 3),
                          "mean_acceptance_length": round(r["mean_acceptance_length"], 3),
                          "per_position": r["per_position"], "num_drafts": r["num_drafts"], "same_as_plain": same})
