@@ -89,19 +89,31 @@ inline RowKeys row_keys(const Problem& p, int64_t token, int64_t pos, int64_t fi
 
 // Softmax numerators of a tree row's keys [lo, hi) of `row` (scores; lo, hi relative to `row`, whose
 // key 0 is `first_key`) into `numerators`: 0 for keys the bits hide, which the max skips too.
-inline void tree_numerators(const float* row, int64_t lo, int64_t hi, int64_t first_key, const RowKeys& keys,
-                            float* numerators, float* top) {
+// Returns the max (kNoScore where every key is hidden).
+inline float tree_numerators(const float* row, int64_t lo, int64_t hi, int64_t first_key, const RowKeys& keys,
+                             float* numerators) {
   auto shown = [&](int64_t j) {
     const int64_t offset = first_key + j - keys.tree_start;
     return offset < 0 || ((keys.bits >> offset) & 1) != 0;
   };
-  *top = kNoScore;
+  float top = kNoScore;
   for (int64_t j = lo; j < hi; ++j)
-    if (shown(j)) *top = std::max(*top, row[j]);
-  for (int64_t j = lo; j < hi; ++j) numerators[j - lo] = shown(j) ? row[j] - *top : kNoScore;
+    if (shown(j)) top = std::max(top, row[j]);
+  for (int64_t j = lo; j < hi; ++j) numerators[j - lo] = shown(j) ? row[j] - top : kNoScore;
   for (int64_t j = 0; j < hi - lo; ++j) numerators[j] = std::exp(numerators[j]);
   for (int64_t j = lo; j < hi; ++j)
     if (!shown(j)) numerators[j - lo] = 0.f;
+  return top;
+}
+
+// Softmax numerators of a causal row's keys [lo, hi) of `row` into `numerators`; returns their max.
+inline float causal_numerators(const float* row, int64_t lo, int64_t hi, float* numerators) {
+  float top = kNoScore;
+  for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
+  const int64_t seen = std::max<int64_t>(0, hi - lo);
+  for (int64_t j = 0; j < seen; ++j) numerators[j] = row[lo + j] - top;
+  for (int64_t j = 0; j < seen; ++j) numerators[j] = std::exp(numerators[j]);
+  return top;
 }
 
 // One item: scores, per-row softmax statistics and the unnormalised output of its chunk of keys.
@@ -169,18 +181,12 @@ void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cac
     // their work into body and tail by trip count and alignment).
     alignas(64) float numerators[kChunkKeys];
     const int64_t seen = std::max<int64_t>(0, hi - lo);
-    float top = kNoScore;
-    if (keys.tree) {
-      tree_numerators(row, lo, hi, it.first_key, keys, numerators, &top);
-    } else {
-      for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
-      for (int64_t j = 0; j < seen; ++j) numerators[j] = row[lo + j] - top;
-      for (int64_t j = 0; j < seen; ++j) numerators[j] = std::exp(numerators[j]);
-    }
+    const float top = keys.tree ? tree_numerators(row, lo, hi, it.first_key, keys, numerators)
+                                : causal_numerators(row, lo, hi, numerators);
     float total = 0.f;
     for (int64_t j = 0; j < seen; ++j) total += numerators[j];
     std::fill(row, row + num_keys, 0.f);
-    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: visible() clips to the chunk
+    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: row_keys() clips to the chunk
     row_max[r] = top, row_sum[r] = total;
   }
   std::fill(acc, acc + rows * D, 0.f);
