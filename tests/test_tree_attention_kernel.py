@@ -117,18 +117,19 @@ def test_tree_rows_match_the_explicit_mask(dtype, head_dim, window):
 
 @pytest.mark.parametrize("window", [4, 133])
 def test_a_tree_row_windows_from_its_logical_position(window):
-    """Tree rows deep in the context but shallow in their tree: their window starts before the
-    first query row's (a key chunk earlier at 133, the sequence's work then starts there); a window
-    shorter than the tree hides no tree keys."""
-    query_lens, context_lens = [20, 1], [400, 250]
+    """Tree rows deep in the context but shallow in their tree (a star): their window starts before
+    the first query row's (a key chunk earlier at 133: the sequence's work then starts there). Rows
+    of a chain deeper than the window: the window hides the keys before the tree, none in it."""
+    query_lens, context_lens = [20, 12, 1], [400, 250, 250]
     q, cache, table, starts, lens, gen = _problem(query_lens, context_lens, torch.float32, 64, 2)
     star = [1] + [1 | 1 << n for n in range(1, 30)]  # node 0 and its children: logical positions start + 0 / 1
-    start = 400 - 20 - 10  # ten nodes cached before the queries
-    tree = torch.tensor([(start, b) for b in star[10:]] + [(NO_TREE, 0)])
+    chain = [(1 << n + 1) - 1 for n in range(17)]  # logical position = position
+    tree = torch.tensor([(400 - 20 - 10, b) for b in star[10:]]  # ten nodes cached before the queries
+                        + [(250 - 12 - 5, b) for b in chain[5:]] + [(NO_TREE, 0)])
     out = _kernel(q, cache, table, starts, lens, 64, window, tree)
     ref = _reference(q, cache, table, query_lens, context_lens, tree, 64 ** -0.5, window)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=0)
-    assert not torch.allclose(out, _kernel(q, cache, table, starts, lens, 64, window), atol=1e-3)
+    assert not torch.allclose(out[:20], _kernel(q, cache, table, starts, lens, 64, window)[:20], atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -163,3 +164,73 @@ def test_a_tree_start_out_of_reach_of_its_bits_is_refused():
         _kernel(q, cache, table, starts, lens, 64, 0, torch.tensor([[NO_TREE, 0], [30, 1]]))
     with pytest.raises(RuntimeError, match="tree_mask"):
         _kernel(q, cache, table, starts, lens, 64, 0, torch.tensor([[NO_TREE, 0]]))
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])  # gemma3: sliding layers (window 8) and q/k norms
+def stacked(request, tmp_path_factory):
+    """(name, a tiny random model of that architecture on Q8_0 blocks, its layers in the C++ stack,
+    attention on the paged kernel)."""
+    from test_model_parity import CPU, MAX_POS, random_checkpoint
+
+    from draftwise.models.registry import build_model, load_config
+
+    path = tmp_path_factory.mktemp(f"tree-{request.param}")
+    random_checkpoint(request.param, path)
+    model = build_model(path, load_config(path), torch.float32, CPU, max_positions=MAX_POS, quantization="q8_0")
+    if model.stack is None:
+        pytest.skip("the decoder stack does not apply here")
+    model.set_attention_plan({64: "paged"})
+    return request.param, model
+
+
+# A verify step of 5 tree nodes after a 20-token prompt: a is the root, b and c its children, d of b, e of c.
+TREE_BITS, TREE_POSITIONS, PROMPT = [0b1, 0b11, 0b101, 0b1011, 0b10101], [20, 21, 21, 22, 22], 20
+PATHS = [[0, 1, 3], [0, 2, 4]]  # root to leaf
+
+
+@torch.no_grad()
+def test_a_tree_step_through_the_stack_equals_each_path_alone(stacked):
+    """Each node's hidden state in the tree step (whole-stack C++ path) equals that of a causal
+    step over its root-to-leaf path alone; the layer-by-layer halves (Python attention on the same
+    metadata) give the tree step bit for bit."""
+    from test_model_parity import BLOCK_SIZE, CPU, _kv_cache, _tokens, _window
+
+    from draftwise.layers.forward_context import forward_context
+    from draftwise.models import decoder_stack
+
+    name, model = stacked
+    table, prompt, nodes = torch.tensor([[3, 0]]), _tokens(PROMPT, seed=5), _tokens(5, seed=6)
+    kv = _kv_cache(model)
+
+    def step(ids, positions, context, tree_mask=None):  # the hidden states of one step, and its metadata
+        meta = build_metadata(table, [len(ids)], [context], BLOCK_SIZE, _window(model), CPU)
+        meta = dataclasses.replace(model.attention_metadata(meta), tree_mask=tree_mask)
+        with forward_context(meta, kv):
+            return model(ids, positions)[0], meta
+
+    step(prompt, torch.arange(PROMPT), PROMPT)
+    prompt_kv = kv.clone()
+    tree_mask = torch.tensor([(PROMPT, b) for b in TREE_BITS])
+    tree, meta = step(nodes, torch.tensor(TREE_POSITIONS), PROMPT + 5, tree_mask)
+    assert meta.cu_query_lens is not None and meta.split is None, name  # the whole-stack path
+    tree_kv = kv.clone()
+    for path in PATHS:
+        kv.copy_(prompt_kv)
+        alone, _ = step(nodes[path], torch.tensor(TREE_POSITIONS)[path], PROMPT + len(path))
+        torch.testing.assert_close(tree[path], alone, atol=1e-5, rtol=1e-5, msg=name)
+    kv.copy_(prompt_kv)
+    unmasked, _ = step(nodes, torch.tensor(TREE_POSITIONS), PROMPT + 5)
+    assert not torch.allclose(unmasked[2:], tree[2:], atol=1e-2), name  # siblings do change the result
+
+    positions = torch.tensor(TREE_POSITIONS)
+    x = model.embed_tokens(nodes).float()
+    if model.embed_scale is not None:
+        x = x * torch.tensor(model.embed_scale, dtype=x.dtype)
+    rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in model.rope.items()}
+    cos, sin = [rope[t][0] for t in model.rope_types], [rope[t][1] for t in model.rope_types]
+    kv_whole, kv_halves = prompt_kv.clone(), prompt_kv.clone()
+    with forward_context(meta, kv_whole):
+        whole, _ = decoder_stack.run_stack(model, x, rope, ())
+    with forward_context(meta, kv_halves):
+        halves = decoder_stack._layer_by_layer(model, x, cos, sin, False, 0, len(model.layers))
+    assert torch.equal(whole, halves) and torch.equal(kv_whole, kv_halves) and torch.equal(kv_whole, tree_kv), name
