@@ -267,7 +267,7 @@ def _attend(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     if meta.cu_query_lens is not None:
         window = meta.sliding_window if sliding and meta.sliding_window else 0
         out = torch.ops.draftwise_cpu.paged_attention(q.contiguous(), kv_cache, meta.block_table, meta.cu_query_lens,
-                                                      meta.seq_lens, meta.block_size, scale, window)
+                                                      meta.seq_lens, meta.block_size, scale, window, meta.tree_mask)
         return out.view(q.shape[0], -1)
     keys, values = _context(kv_cache, meta).transpose(2, 3).unbind(0)  # [num_seqs, kv_heads, ctx, head_dim]
     index = meta.sdpa_index()

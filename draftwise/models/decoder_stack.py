@@ -85,7 +85,7 @@ def run_stack(model, x: torch.Tensor,  # [num_tokens, hidden] fp32 residual stre
             aux[start] = x
         if whole:
             x = stack.forward(x, cos, sin, context.kv_caches, meta.slot_mapping, meta.block_table, meta.cu_query_lens,
-                              meta.seq_lens, meta.block_size, meta.sliding_window or 0, start, end)
+                              meta.seq_lens, meta.block_size, meta.sliding_window or 0, start, end, meta.tree_mask)
         else:
             x = _layer_by_layer(model, x, cos, sin, context.kv_caches.dtype == torch.bfloat16, start, end)
         start = end

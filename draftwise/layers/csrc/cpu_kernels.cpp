@@ -7,6 +7,12 @@
 // sliding_window > 0. Keys and values are read block by block straight from the cache (no
 // gathered copy, no fp32 copy of the context); everything accumulates in fp32.
 //
+// Token trees: an optional tree_mask [num_tokens, 2] int64 gives each row (tree_start, bits). A row
+// at position pos with tree_start <= pos sees key j <= pos where j < tree_start or bit j - tree_start
+// of bits is set (its ancestors in a draft tree and itself; j - tree_start < 64); its sliding window
+// ends at its logical position tree_start + popcount(bits) - 1 and limits only the keys before
+// tree_start. Rows with tree_start > pos (NO_TREE = 1 << 62) are plain causal rows.
+//
 // Work is split as flash-decoding does: over (sequence, kv head, chunk of kChunkKeys keys), so one
 // long sequence still keeps every core busy, and threads take items dynamically. An item converts
 // each block's keys / values to fp32 once and shares them between all its query rows (its
@@ -24,6 +30,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +48,7 @@ struct Problem {
   const int64_t* table;   // [num_seqs, table_width]
   const int64_t* starts;  // [num_seqs + 1]
   const int64_t* lens;    // [num_seqs]
+  const int64_t* tree;    // [num_tokens, 2] (tree_start, bits) per row; nullptr: every row causal
 };
 
 struct Item {
@@ -58,10 +66,54 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
   }
 }
 
-// The keys a query at position `pos` sees, clipped to [first, end).
-inline void visible(const Problem& p, int64_t pos, int64_t first, int64_t end, int64_t* lo, int64_t* hi) {
-  *lo = p.sliding_window > 0 ? std::max(first, pos - p.sliding_window + 1) : first;
-  *hi = std::min(end, pos + 1);
+// The keys query row `token` at position `pos` sees, clipped to [first, end): [lo, hi), less, in a
+// tree row, the keys from tree_start on whose bit is clear.
+struct RowKeys {
+  int64_t lo, hi;
+  bool tree;           // a tree row: the bits apply
+  int64_t tree_start;  // tree rows only
+  uint64_t bits;
+};
+
+inline RowKeys row_keys(const Problem& p, int64_t token, int64_t pos, int64_t first, int64_t end) {
+  const int64_t tree_start = p.tree != nullptr ? p.tree[2 * token] : pos + 1;
+  RowKeys keys{first, std::min(end, pos + 1), tree_start <= pos, tree_start, 0};
+  if (keys.tree) keys.bits = static_cast<uint64_t>(p.tree[2 * token + 1]);
+  if (p.sliding_window > 0) {
+    const int64_t logical = keys.tree ? tree_start + std::popcount(keys.bits) - 1 : pos;
+    const int64_t window_lo = logical - p.sliding_window + 1;  // the tree region keeps its bits
+    keys.lo = std::max(first, keys.tree ? std::min(window_lo, tree_start) : window_lo);
+  }
+  return keys;
+}
+
+// Softmax numerators of a tree row's keys [lo, hi) of `row` (scores; lo, hi relative to `row`, whose
+// key 0 is `first_key`) into `numerators`: 0 for keys the bits hide, which the max skips too.
+// Returns the max (kNoScore where every key is hidden).
+inline float tree_numerators(const float* row, int64_t lo, int64_t hi, int64_t first_key, const RowKeys& keys,
+                             float* numerators) {
+  auto shown = [&](int64_t j) {
+    const int64_t offset = first_key + j - keys.tree_start;
+    return offset < 0 || ((keys.bits >> offset) & 1) != 0;
+  };
+  float top = kNoScore;
+  for (int64_t j = lo; j < hi; ++j)
+    if (shown(j)) top = std::max(top, row[j]);
+  for (int64_t j = lo; j < hi; ++j) numerators[j - lo] = shown(j) ? row[j] - top : kNoScore;
+  for (int64_t j = 0; j < hi - lo; ++j) numerators[j] = std::exp(numerators[j]);
+  for (int64_t j = lo; j < hi; ++j)
+    if (!shown(j)) numerators[j - lo] = 0.f;
+  return top;
+}
+
+// Softmax numerators of a causal row's keys [lo, hi) of `row` into `numerators`; returns their max.
+inline float causal_numerators(const float* row, int64_t lo, int64_t hi, float* numerators) {
+  float top = kNoScore;
+  for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
+  const int64_t seen = std::max<int64_t>(0, hi - lo);
+  for (int64_t j = 0; j < seen; ++j) numerators[j] = row[lo + j] - top;
+  for (int64_t j = 0; j < seen; ++j) numerators[j] = std::exp(numerators[j]);
+  return top;
 }
 
 // One item: scores, per-row softmax statistics and the unnormalised output of its chunk of keys.
@@ -120,24 +172,21 @@ void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cac
     }
   });
   for (int64_t r = 0; r < rows; ++r) {  // softmax numerators over the visible keys; 0 elsewhere
-    int64_t lo, hi;
-    visible(p, ctx - num_q + r / p.group, it.first_key, it.end_key, &lo, &hi);
+    const RowKeys keys = row_keys(p, q0 + r / p.group, ctx - num_q + r / p.group, it.first_key, it.end_key);
     float* row = scores + r * num_keys;
-    lo -= it.first_key, hi -= it.first_key;
-    float top = kNoScore;
-    for (int64_t j = lo; j < hi; ++j) top = std::max(top, row[j]);
+    const int64_t lo = keys.lo - it.first_key, hi = keys.hi - it.first_key;
     // exp and sum over the visible keys alone, in an aligned buffer: a row's numbers then depend on
     // its own keys only, not on how many keys the chunk holds past them (more when its sequence
     // verifies several rows this step) nor where the row sits in `scores` (vectorized loops split
     // their work into body and tail by trip count and alignment).
     alignas(64) float numerators[kChunkKeys];
     const int64_t seen = std::max<int64_t>(0, hi - lo);
-    for (int64_t j = 0; j < seen; ++j) numerators[j] = row[lo + j] - top;
-    for (int64_t j = 0; j < seen; ++j) numerators[j] = std::exp(numerators[j]);
+    const float top = keys.tree ? tree_numerators(row, lo, hi, it.first_key, keys, numerators)
+                                : causal_numerators(row, lo, hi, numerators);
     float total = 0.f;
     for (int64_t j = 0; j < seen; ++j) total += numerators[j];
     std::fill(row, row + num_keys, 0.f);
-    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: visible() clips to the chunk
+    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: row_keys() clips to the chunk
     row_max[r] = top, row_sum[r] = total;
   }
   std::fill(acc, acc + rows * D, 0.f);
@@ -194,6 +243,17 @@ void dynamic_for(int64_t n, const F& work) {
   });
 }
 
+// The first key of sequence s that a query row of it may see: the first row's window start, or
+// earlier where a tree row's window (from its logical position) starts earlier.
+int64_t first_key(const Problem& p, int64_t s) {
+  const int64_t q0 = p.starts[s], num_q = p.starts[s + 1] - q0, ctx = p.lens[s];
+  if (p.sliding_window <= 0) return 0;
+  int64_t first = std::max<int64_t>(0, ctx - num_q + 1 - p.sliding_window);
+  for (int64_t i = 0; i < num_q && p.tree != nullptr; ++i)
+    first = std::min(first, row_keys(p, q0 + i, ctx - num_q + i, 0, ctx).lo);
+  return first;
+}
+
 template <typename T, int kDim>
 void run(const Problem& p, const T* q, const T* kv, T* out, int64_t num_seqs) {
   const T* k_cache = kv;
@@ -203,7 +263,7 @@ void run(const Problem& p, const T* q, const T* kv, T* out, int64_t num_seqs) {
   int64_t num_rows = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t num_q = p.starts[s + 1] - p.starts[s], ctx = p.lens[s], rows = num_q * p.group;
-    const int64_t first = p.sliding_window > 0 ? std::max<int64_t>(0, ctx - num_q + 1 - p.sliding_window) : 0;
+    const int64_t first = first_key(p, s);
     for (int64_t h = 0; h < p.num_kv_heads; ++h) {
       heads.push_back(static_cast<int64_t>(items.size()));
       for (int64_t j = first; j < ctx; j += kChunkKeys) {
@@ -233,20 +293,38 @@ void run_for_dim(const Problem& p, const T* q, const T* kv, T* out, int64_t num_
   run<T, 0>(p, q, kv, out, num_seqs);
 }
 
+// Every tree row's tree_start is >= 0 and its keys from tree_start on fit the 64 bits.
+void check_tree(const Problem& p, int64_t num_seqs) {
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int64_t i = p.starts[s]; i < p.starts[s + 1]; ++i) {
+      const int64_t pos = p.lens[s] - (p.starts[s + 1] - i), tree_start = p.tree[2 * i];
+      TORCH_CHECK(tree_start >= 0 && (tree_start > pos || pos - tree_start < 64), "paged_attention: row ", i,
+                  " at position ", pos, " has tree_start ", tree_start, " (must be in (pos - 64, pos] or past pos)");
+    }
+}
+
 }  // namespace
 
 namespace draftwise_cpu_kernels {
 
 at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
                                const at::Tensor& query_start, const at::Tensor& context_lens, int64_t block_size,
-                               double scale, int64_t sliding_window) {
+                               double scale, int64_t sliding_window, const std::optional<at::Tensor>& tree_mask) {
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "q and kv_cache must be contiguous");
   TORCH_CHECK(q.scalar_type() == kv_cache.scalar_type(), "q and kv_cache must share a dtype");
   auto table = block_table.contiguous(), starts = query_start.contiguous(), lens = context_lens.contiguous();
+  at::Tensor tree;
+  if (tree_mask.has_value()) {
+    tree = tree_mask->contiguous();
+    TORCH_CHECK(tree.scalar_type() == at::kLong && tree.dim() == 2 && tree.size(0) == q.size(0) && tree.size(1) == 2,
+                "paged_attention: tree_mask must be [num_tokens, 2] int64");
+  }
   const int64_t num_heads = q.size(1), num_kv_heads = kv_cache.size(2);
   const Problem problem{num_heads, num_kv_heads, num_heads / num_kv_heads, q.size(2), block_size,
                         table.size(1), kv_cache.size(1), sliding_window, static_cast<float>(scale),
-                        table.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), lens.data_ptr<int64_t>()};
+                        table.data_ptr<int64_t>(), starts.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+                        tree.defined() ? tree.data_ptr<int64_t>() : nullptr};
+  if (tree.defined()) check_tree(problem, lens.size(0));
   at::Tensor out = at::empty_like(q);
   if (q.scalar_type() == at::kBFloat16) {
     run_for_dim(problem, q.data_ptr<c10::BFloat16>(), kv_cache.data_ptr<c10::BFloat16>(),
@@ -297,7 +375,7 @@ at::Tensor packed_linear_cpu(const at::Tensor& x, const at::Tensor& packed, cons
 
 TORCH_LIBRARY(draftwise_cpu, m) {
   m.def("paged_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor query_start, "
-        "Tensor context_lens, int block_size, float scale, int sliding_window) -> Tensor");
+        "Tensor context_lens, int block_size, float scale, int sliding_window, Tensor? tree_mask=None) -> Tensor");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention_cpu);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm_cpu);

@@ -9,7 +9,8 @@
 //
 // Three entry points, with identical arithmetic for a row whatever the path:
 //   forward(x, ...)           layers [first, end) with the paged attention kernel (paged_attention.h)
-//                             and the K/V written to the cache here: a decode or verify step;
+//                             and the K/V written to the cache here: a decode or verify step, its rows
+//                             optionally under a token-tree mask (tree_mask, as the kernel takes it);
 //   pre_attention(i, x, ...)  layer i up to attention: q, k, v in the cache dtype;
 //   post_attention(i, x, a)   layer i from its attention output on;
 // the two halves let the caller attend with any kernel (a step mixing prefill chunks and decodes).
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -208,7 +210,7 @@ struct DecoderStack : torch::CustomClassHolder {
   at::Tensor forward(at::Tensor x, std::vector<at::Tensor> cos, std::vector<at::Tensor> sin, at::Tensor kv_caches,
                      at::Tensor slot_mapping, at::Tensor block_table, at::Tensor query_start,
                      at::Tensor context_lens, int64_t block_size, int64_t sliding_window, int64_t first,
-                     int64_t end) {
+                     int64_t end, std::optional<at::Tensor> tree_mask) {
     TORCH_CHECK(0 <= first && first <= end && end <= static_cast<int64_t>(layers.size()), "DecoderStack: layers");
     at::Tensor out = fp32_rows(x, hidden).clone();
     const int64_t rows = out.size(0), q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
@@ -246,7 +248,8 @@ struct DecoderStack : torch::CustomClassHolder {
         }
       }
       const at::Tensor a = draftwise_cpu_kernels::paged_attention_cpu(
-          q, cache, block_table, query_start, context_lens, block_size, l.scale, l.sliding ? sliding_window : 0);
+          q, cache, block_table, query_start, context_lens, block_size, l.scale, l.sliding ? sliding_window : 0,
+          tree_mask);
       if (bf16) {
         load(a.data_ptr<c10::BFloat16>(), rows * q_size, attn.data());
       } else {
@@ -268,6 +271,10 @@ TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) {
       .def("add_layer", &DecoderStack::add_layer)
       .def("pre_attention", &DecoderStack::pre_attention)
       .def("post_attention", &DecoderStack::post_attention)
-      .def("forward", &DecoderStack::forward)
+      .def("forward", &DecoderStack::forward, "",
+           {torch::arg("x"), torch::arg("cos"), torch::arg("sin"), torch::arg("kv_caches"), torch::arg("slot_mapping"),
+            torch::arg("block_table"), torch::arg("query_start"), torch::arg("context_lens"), torch::arg("block_size"),
+            torch::arg("sliding_window"), torch::arg("first"), torch::arg("end"),
+            torch::arg("tree_mask") = torch::arg::none()})
       .def("num_layers", &DecoderStack::num_layers);
 }
