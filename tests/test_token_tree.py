@@ -225,3 +225,19 @@ def test_drafter_trees_greedy_equal_plain(tiny_llm, tiny_model_dir, spec_dirs, m
     got = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     assert llm.get_spec_decode_stats()["spec_decode_num_draft_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_eagle3_tree_greedy_equals_plain_on_the_default_path(monkeypatch):
+    """The bundled model and head at the default precision (the paged kernel's tree masks): a tree
+    verifies more than the chain and changes no token."""
+    monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0")
+    questions = ["Explain why the sky is blue in two sentences.", "Write a short poem about autumn leaves.",
+                 "What are three tips for learning a new language?"]
+    conversations = [[{"role": "user", "content": q}] for q in questions]
+    params = greedy(48)
+    plain = [o.outputs[0].token_ids for o in LLM(seed=0).chat(conversations, params, use_tqdm=False)]
+    llm = LLM(seed=0, speculative_config={"method": "eagle3", "model": "draftwise/SmolLM2-135M-Instruct-eagle3",
+                                          "speculative_token_tree": TREE})
+    assert [o.outputs[0].token_ids for o in llm.chat(conversations, params, use_tqdm=False)] == plain
+    assert llm.get_spec_decode_stats()["spec_decode_mean_acceptance_length"] > 1.5

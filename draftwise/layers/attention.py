@@ -171,7 +171,7 @@ def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
     of at most ``PAGED_MAX_QUERY`` query rows per sequence; the kernel is built). Longer queries
     (prefill chunks) keep SDPA, whose flash kernel is faster there."""
     if (not meta.causal or meta.max_query_len > PAGED_MAX_QUERY or meta.block_table.device.type != "cpu"
-            or meta.tree_mask is not None or not native.load()):
+            or not native.load()):
         return meta
     q_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
     cu = torch.zeros(len(meta.query_lens) + 1, dtype=torch.int64)

@@ -34,6 +34,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -88,22 +90,22 @@ inline RowKeys row_keys(const Problem& p, int64_t token, int64_t pos, int64_t fi
 }
 
 // Softmax numerators of a tree row's keys [lo, hi) of `row` (scores; lo, hi relative to `row`, whose
-// key 0 is `first_key`) into `numerators`: 0 for keys the bits hide, which the max skips too.
-// Returns the max (kNoScore where every key is hidden).
-inline float tree_numerators(const float* row, int64_t lo, int64_t hi, int64_t first_key, const RowKeys& keys,
-                             float* numerators) {
-  auto shown = [&](int64_t j) {
+// key 0 is `first_key`), the keys its bits show packed in order at the front of `numerators` and their
+// offsets from `lo` in `shown`; returns (their max, their count). Packed, a row computes exactly as a
+// causal row over the same keys does (same trip counts, same order), so a tree row's output equals
+// plain decoding's at that position.
+inline std::pair<float, int64_t> tree_numerators(const float* row, int64_t lo, int64_t hi, int64_t first_key,
+                                                 const RowKeys& keys, float* numerators, int64_t* shown) {
+  int64_t count = 0;
+  for (int64_t j = lo; j < hi; ++j) {
     const int64_t offset = first_key + j - keys.tree_start;
-    return offset < 0 || ((keys.bits >> offset) & 1) != 0;
-  };
+    if (offset < 0 || ((keys.bits >> offset) & 1) != 0) shown[count++] = j - lo;
+  }
   float top = kNoScore;
-  for (int64_t j = lo; j < hi; ++j)
-    if (shown(j)) top = std::max(top, row[j]);
-  for (int64_t j = lo; j < hi; ++j) numerators[j - lo] = shown(j) ? row[j] - top : kNoScore;
-  for (int64_t j = 0; j < hi - lo; ++j) numerators[j] = std::exp(numerators[j]);
-  for (int64_t j = lo; j < hi; ++j)
-    if (!shown(j)) numerators[j - lo] = 0.f;
-  return top;
+  for (int64_t c = 0; c < count; ++c) top = std::max(top, row[lo + shown[c]]);
+  for (int64_t c = 0; c < count; ++c) numerators[c] = row[lo + shown[c]] - top;
+  for (int64_t c = 0; c < count; ++c) numerators[c] = std::exp(numerators[c]);
+  return {top, count};
 }
 
 // Softmax numerators of a causal row's keys [lo, hi) of `row` into `numerators`; returns their max.
@@ -180,13 +182,22 @@ void attend_chunk(const Problem& p, const T* q, const T* k_cache, const T* v_cac
     // verifies several rows this step) nor where the row sits in `scores` (vectorized loops split
     // their work into body and tail by trip count and alignment).
     alignas(64) float numerators[kChunkKeys];
-    const int64_t seen = std::max<int64_t>(0, hi - lo);
-    const float top = keys.tree ? tree_numerators(row, lo, hi, it.first_key, keys, numerators)
-                                : causal_numerators(row, lo, hi, numerators);
+    int64_t shown[kChunkKeys];
+    int64_t seen = std::max<int64_t>(0, hi - lo);
+    float top;
+    if (keys.tree) {
+      std::tie(top, seen) = tree_numerators(row, lo, hi, it.first_key, keys, numerators, shown);
+    } else {
+      top = causal_numerators(row, lo, hi, numerators);
+    }
     float total = 0.f;
     for (int64_t j = 0; j < seen; ++j) total += numerators[j];
     std::fill(row, row + num_keys, 0.f);
-    std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: row_keys() clips to the chunk
+    if (keys.tree) {
+      for (int64_t c = 0; c < seen; ++c) row[lo + shown[c]] = numerators[c];
+    } else {
+      std::memcpy(row + lo, numerators, seen * sizeof(float));  // lo >= 0: row_keys() clips to the chunk
+    }
     row_max[r] = top, row_sum[r] = total;
   }
   std::fill(acc, acc + rows * D, 0.f);
