@@ -32,6 +32,9 @@ def test_tree_is_kept_breadth_first_with_parents_and_masks():
     assert list(tree.level(2)) == [2, 3, 4] and tree.num_children(0) == 2 and tree.num_children(5) == 0
     assert path_nodes(list(tree.parents), 5) == [0, 2, 5]
     assert TokenTree.parse([(0,), (0, 0)]).is_chain
+    # node i sits at slot root + 1 + i, position root + depth: both must fall in one 128-key block
+    assert tree.chunk_aligned(100, 128) == 6 and tree.chunk_aligned(126, 128) == 1
+    assert tree.chunk_aligned(127, 128) == 6  # the root ends a block: every node starts the next
 
 
 @pytest.mark.parametrize("value, says", [
@@ -230,12 +233,12 @@ def test_drafter_trees_greedy_equal_plain(tiny_llm, tiny_model_dir, spec_dirs, m
 @pytest.mark.slow
 def test_smollm2_eagle3_tree_greedy_equals_plain_on_the_default_path(monkeypatch):
     """The bundled model and head at the default precision (the paged kernel's tree masks): a tree
-    verifies more than the chain and changes no token."""
+    changes no token, past the kernel's 128-key block boundary too."""
     monkeypatch.setenv("DRAFTWISE_VERIFY_ROW_COST", "0")
     questions = ["Explain why the sky is blue in two sentences.", "Write a short poem about autumn leaves.",
                  "What are three tips for learning a new language?"]
     conversations = [[{"role": "user", "content": q}] for q in questions]
-    params = greedy(48)
+    params = greedy(100)
     plain = [o.outputs[0].token_ids for o in LLM(seed=0).chat(conversations, params, use_tqdm=False)]
     llm = LLM(seed=0, speculative_config={"method": "eagle3", "model": "draftwise/SmolLM2-135M-Instruct-eagle3",
                                           "speculative_token_tree": TREE})

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 logger = logging.getLogger("draftwise")
 
 FULL = "full"
-REASONS = (FULL, "drafter_blocked", "drafter_max_model_len", "request", "max_tokens", "batch_size", "step_cost",
-           "kv_cache", "proposer", "confidence")
+REASONS = (FULL, "drafter_blocked", "drafter_max_model_len", "request", "max_tokens", "tree_alignment",
+           "batch_size", "step_cost", "kv_cache", "proposer", "confidence")
 
 
 @dataclass

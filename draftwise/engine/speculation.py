@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+from ..layers.attention import PAGED_CHUNK_KEYS
 from ..paged import BlockManager, KVPool
 from .fault_isolation import find_failing
 from ..sequence import Sequence
@@ -163,6 +164,9 @@ class Speculator:
         caps = [seq.params.num_speculative_tokens for seq in seqs]  # extra_args, checked <= the engine's
         plan.limit("request", [self.num_spec_tokens if cap is None else cap for cap in caps])
         plan.limit("max_tokens", [seq.num_draft_slots(self.max_model_len) for seq in seqs])
+        if self.tree is not None:  # the root is the last token; see TokenTree.chunk_aligned
+            plan.limit("tree_alignment", [self.tree.chunk_aligned(seq.num_tokens - 1, PAGED_CHUNK_KEYS)
+                                          for seq in seqs])
 
     def _fit_kv(self, seq: Sequence, limit: int) -> int:
         """``limit`` cut to the KV slots ``seq`` can get (proposers with a KV cache of their own)."""

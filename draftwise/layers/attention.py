@@ -55,6 +55,7 @@ from . import native
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
 PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows per sequence
 NO_TREE = 1 << 62  # tree_start of a row that is not in a draft tree: it attends causally
+PAGED_CHUNK_KEYS = 128  # keys per work item of the paged kernel (kChunkKeys in csrc/cpu_kernels.cpp)
 
 
 @dataclass

@@ -103,6 +103,17 @@ class TokenTree:
     def ancestor_bits(self) -> tuple[int, ...]:
         return tuple(ancestor_bits(list(self.parents)))
 
+    def chunk_aligned(self, root: int, chunk: int) -> int:
+        """The longest prefix of nodes whose slot (``root + 1 + i``) lies in the same ``chunk``-key
+        block as its position (``root + depth``), verifying after a root at ``root``. The paged
+        attention kernel sums each block of keys apart, by slot: where every visible key's block
+        is its position's, a tree row adds the same numbers in the same order as plain decoding
+        does at that position, bit for bit."""
+        for i, depth in enumerate(self.depths):
+            if (root + 1 + i) // chunk != (root + depth) // chunk:
+                return i
+        return len(self)
+
     def level(self, depth: int) -> range:
         """Indices of the nodes at ``depth`` (consecutive: the order is breadth-first)."""
         first = next((i for i, d in enumerate(self.depths) if d == depth), len(self))
