@@ -2,7 +2,7 @@
 
 12 chat prompts (6 of the ``chat`` workload, 6 written here; none is in a drafter's training data),
 greedy, ``--max-tokens`` each, one request at a time, on the default model at the default
-precision. For each head (``--heads``, default the shipped one) and each K (``--k``): tokens/s and
+precision (``--dtype``). For each head (``--heads``, default the shipped one) and each K (``--k``): tokens/s and
 its ratio to plain decoding, mean acceptance length, per-position acceptance, whether every output
 equals plain decoding's. ``--every-step`` drafts at every step (the draft-length policy's step-cost
 pricing off): acceptance as the head makes it; without it, what a user gets. ``--trees`` adds a
@@ -33,9 +33,9 @@ def chats() -> list[list[dict]]:
         [[{"role": "user", "content": text}] for text in OWN_PROMPTS]
 
 
-def run(config: dict | None, conversations: list[list[dict]], max_tokens: int) -> dict:
+def run(config: dict | None, conversations: list[list[dict]], max_tokens: int, dtype: str = "auto") -> dict:
     """One engine, the conversations one at a time: tokens/s, outputs, acceptance figures."""
-    llm = LLM(speculative_config=config) if config else LLM()
+    llm = LLM(speculative_config=config, dtype=dtype) if config else LLM(dtype=dtype)
     llm.chat(conversations[:1], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
     before = llm.get_spec_decode_stats()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
@@ -61,13 +61,14 @@ def main() -> None:
     parser.add_argument("--k", default="3", help="comma-separated num_speculative_tokens")
     parser.add_argument("--trees", default="", help="';'-separated speculative_token_tree values, run per head")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="auto", help="the engines' dtype (auto: the default precision)")
     parser.add_argument("--every-step", action="store_true", help="draft at every step (no step-cost pricing)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.every_step:
         os.environ["DRAFTWISE_VERIFY_ROW_COST"] = "0"
     conversations = chats()
-    plain = run(None, conversations, args.max_tokens)
+    plain = run(None, conversations, args.max_tokens, args.dtype)
     print(f"{'drafter':52s} {'K':>2s} {'tokens/s':>9s} {'ratio':>6s} {'MAL':>6s}  per position  same")
     print(f"{'(plain)':52s} {'-':>2s} {plain['tokens_per_s']:9.1f} {1:6.2f}x")
     rows = []
@@ -76,7 +77,7 @@ def main() -> None:
         configs += [{"method": "eagle3", "model": head, "speculative_token_tree": tree}
                     for tree in args.trees.split(";") if tree.strip()]
         for config in configs:
-            r = run(config, conversations, args.max_tokens)
+            r = run(config, conversations, args.max_tokens, args.dtype)
             k = len(r["per_position"])
             same = r["outputs"] == plain["outputs"]
             ratio = r["tokens_per_s"] / plain["tokens_per_s"]
