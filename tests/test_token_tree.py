@@ -5,11 +5,13 @@ tree, so long paths are accepted from every branch), and sampled verification fo
 target distribution (chi-square)."""
 from __future__ import annotations
 
+import json
 import random
 
+import openai
 import pytest
 import torch
-from conftest import PROMPTS, greedy
+from conftest import API_KEY, PROMPTS, SERVED_NAME, greedy, start_server, stop_server
 
 from draftwise import LLM, SamplingParams
 from draftwise.layers.attention import NO_TREE, _attend, build_metadata
@@ -215,6 +217,25 @@ def test_oracle_tree_cut_per_request_equals_plain(tiny_llm, tiny_model_dir, orac
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
 
 
+@pytest.mark.parametrize("engine_args", [
+    {"kv_cache_memory_bytes": 12 * 16 * 2 * 2 * 2 * 16 * 4 * 2},  # 12 blocks: sequences are preempted
+    {"async_scheduling": True},
+])
+def test_oracle_tree_with_preemption_and_async_scheduling_equals_plain(tiny_llm, tiny_model_dir, oracle,
+                                                                       engine_args):
+    prompts = PROMPTS[:6] + PROMPTS[:2]  # repeated prompts: prefix-cache hits
+    params = [greedy(30 + i) for i in range(len(prompts))]
+    plain = _expect(tiny_llm, oracle, prompts, params)
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, **engine_args,
+              speculative_config={"method": "tree_oracle", "speculative_token_tree": TREE})
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    engine = llm.llm_engine
+    if "kv_cache_memory_bytes" in engine_args:
+        assert engine.scheduler.num_preemptions > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 SHALLOW_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # for the 3 tiny Medusa heads
 
 
@@ -228,6 +249,20 @@ def test_drafter_trees_greedy_equal_plain(tiny_llm, tiny_model_dir, spec_dirs, m
     got = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
     assert llm.get_spec_decode_stats()["spec_decode_num_draft_tokens"] > 0
+
+
+def test_served_tree_answers_as_plain(tiny_llm, tiny_model_dir, spec_dirs, tmp_path):
+    """``draftwise serve -sc '{..., "speculative_token_tree": ...}'`` through the openai client."""
+    config = {"method": "eagle3", "model": str(spec_dirs["eagle3"]), "speculative_token_tree": TREE}
+    proc, url = start_server(tiny_model_dir, tmp_path / "serve.log", ("-sc", json.dumps(config)))
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        for prompt in PROMPTS[:3]:
+            answer = client.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=24, temperature=0)
+            plain = tiny_llm.generate(prompt, greedy(24), use_tqdm=False)[0].outputs[0].text
+            assert answer.choices[0].text == plain
+    finally:
+        stop_server(proc)
 
 
 @pytest.mark.slow
