@@ -239,16 +239,23 @@ def test_oracle_tree_with_preemption_and_async_scheduling_equals_plain(tiny_llm,
 SHALLOW_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"  # for the 3 tiny Medusa heads
 
 
-@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_model", "draft_model_self"])
 def test_drafter_trees_greedy_equal_plain(tiny_llm, tiny_model_dir, spec_dirs, method):
+    """Every tree-drafting method; the target drafting for itself accepts the first-choice path."""
     prompts, params = PROMPTS[:5], [greedy(20 + 4 * i) for i in range(5)]
     plain = tiny_llm.generate(prompts, params, use_tqdm=False)
     tree = SHALLOW_TREE if method == "medusa" else TREE
+    dirs = {**spec_dirs, "draft_model": spec_dirs["draft"], "draft_model_self": tiny_model_dir}
+    model = str(dirs[method])
     llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0,
-              speculative_config={"method": method, "model": str(spec_dirs[method]), "speculative_token_tree": tree})
+              speculative_config={"method": method.removesuffix("_self"), "model": model,
+                                  "speculative_token_tree": tree})
     got = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
-    assert llm.get_spec_decode_stats()["spec_decode_num_draft_tokens"] > 0
+    stats = llm.get_spec_decode_stats()
+    assert stats["spec_decode_num_draft_tokens"] > 0
+    if method == "draft_model_self":
+        assert stats["spec_decode_mean_acceptance_length"] > 3.0  # depth 4: nearly every path accepted
 
 
 def test_served_tree_answers_as_plain(tiny_llm, tiny_model_dir, spec_dirs, tmp_path):

@@ -150,7 +150,7 @@ class ChainProposer(Proposer):
             if tree is None:
                 self._chain(batch.seqs, rows, limits, hidden, drafts)
             else:
-                draft_tree(self, tree, [batch.seqs[i] for i in rows], [limits[i] for i in rows], hidden,
+                self._tree(tree, [batch.seqs[i] for i in rows], [limits[i] for i in rows], hidden,
                            [drafts[i] for i in rows])
         return DraftBatch.from_lists(drafts, parents=list(tree.parents) if tree is not None else None)
 
@@ -239,6 +239,24 @@ class ChainProposer(Proposer):
         query rows: decodes on the paged CPU kernel, not SDPA over gathered contexts."""
         ids, pos, meta, cu = prepare_batch(inputs, self.target.block_size, None, self.target.device)
         return ids, pos, self.target.model.attention_metadata(meta), cu
+
+    def _tree(self, tree, seqs: list, limits: list[int],
+              hidden: torch.Tensor,  # [num_seqs, hidden] each sequence's ingested output at num_tokens - 2
+              drafts: list[list[int]]) -> None:
+        """``tree_drafting.draft_tree`` from each sequence's last ingested position, ``num_tokens - 2``."""
+        top_k = max(tree.num_children(n) for n in range(-1, len(tree)))
+
+        def run_level(step: int, inputs: list[ForwardInput], parent_outputs: list) -> tuple[torch.Tensor, list]:
+            with self.chain_timer.timing():
+                ids, pos, meta, _ = self._prepare(inputs)
+                out = self.model.step(step, ids, pos, torch.stack(parent_outputs), self.kv_cache, meta)
+                return out, self.model.draft_topk(step, out, top_k).tolist()
+
+        root_top = self.model.draft_topk(0, hidden, top_k).tolist()
+        tokens = draft_tree(tree, seqs, limits, [seq.num_tokens - 2 for seq in seqs], root_top, list(hidden),
+                            run_level)
+        for draft, nodes in zip(drafts, tokens):
+            draft.extend(nodes)
 
     def _chain(self, seqs, rows: list[int], limits: list[int], hidden: torch.Tensor,
                drafts: list[list[int]]) -> None:

@@ -1,18 +1,23 @@
-"""Tree drafting for the chain drafters (EAGLE, EAGLE-3): a token tree, one level per forward.
+"""Tree drafting, one tree level per drafter forward, for any drafter that reads its own K/V.
 
-Positions follow ``chain_drafter.py``: with ``base = num_tokens - 2`` (the last ingested drafter
-position, whose output predicts the root's children), the drafter runs node ``i`` of depth ``d``
-at position ``base + d``, reading node ``i``'s token and its parent's output (the root's: the
-ingested one), and writes its K/V at slot ``base + 1 + i``: for a chain, the slots the chain uses.
-Each row attends to the ingested context (slots ``<= base``) and its ancestors' slots only
-(``TreeRows`` over slots from ``base + 1``). Those slots are speculative, as a chain's are: the
-next ingestion rewrites them from ``drafter_num_computed_tokens``.
+``draft_tree`` fills each sequence's drafts with the first ``limit`` nodes of a ``TokenTree``: a
+node's children are its drafter output's top-k, in the tree's ranks. With ``root`` the drafter
+position whose output predicts the root's children (a chain drafter's last ingested position,
+``num_tokens - 2``; a draft model's last token, ``num_tokens - 1``), node ``i`` of depth ``d``
+runs at position ``root + d`` and writes its K/V at slot ``root + 1 + i``: for a chain, the slots
+a chain uses. Each node attends to the drafter's context (slots ``<= root``) and its ancestors'
+slots only (``TreeRows`` over slots from ``root + 1``). Those slots are speculative: the drafter
+must not count them as computed (the next round rewrites them).
 
 Level ``d`` runs, per sequence, the nodes of depth ``d - 1`` from the level's first up to the last
-one with a child inside the sequence's limit (consecutive slots; a leaf in between costs a row),
-then takes each node's top-k: child ``c`` of node ``n`` is the ``ranks[c]``-th best.
+one with a child inside the sequence's limit (consecutive slots; a leaf in between costs a row).
+``run_level(depth, inputs, parent_outputs)`` runs them in one batched forward and returns each
+row's output and its top-k ids; ``parent_outputs`` are the outputs the rows' parents produced
+(the root's: ``root_outputs``), for drafters that read their previous output (EAGLE).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -20,43 +25,41 @@ from ..paged import ForwardInput
 from ..paged.batch import TreeRows
 from .token_tree import TokenTree
 
+# (depth - 1, inputs, parent output of each row) -> (outputs [num_rows, ...], top-k ids per row)
+RunLevel = Callable[[int, list[ForwardInput], list], tuple[torch.Tensor, list[list[int]]]]
 
-def draft_tree(proposer, tree: TokenTree, seqs: list, limits: list[int],
-               hidden: torch.Tensor,  # [num_seqs, hidden] each sequence's ingested output at base
-               drafts: list[list[int]]) -> None:
-    """Fill ``drafts[j]`` (empty lists) with the first ``limits[j]`` nodes of ``tree`` for ``seqs[j]``."""
-    model, num_seqs = proposer.model, len(seqs)
+
+def draft_tree(tree: TokenTree, seqs: list, limits: list[int], roots: list[int],
+               root_top: list[list[int]],  # per sequence: its root's top-k ids, k >= tree.num_children(-1)
+               root_outputs: list,  # per sequence: the root's output (passed to its children's rows)
+               run_level: RunLevel) -> list[list[int]]:
+    """The first ``limits[j]`` nodes of ``tree`` for ``seqs[j]``, whose root sits at ``roots[j]``."""
     sizes = [min(limit, len(tree)) for limit in limits]
     tokens = [[-1] * n for n in sizes]
-    outputs: list[dict[int, torch.Tensor]] = [{-1: hidden[j]} for j in range(num_seqs)]  # node -> drafter output
-    _expand(tree, [[-1]] * num_seqs, model.draft_topk(0, hidden, tree.num_children(-1)).tolist(), sizes, tokens)
+    outputs: list[dict[int, object]] = [{-1: out} for out in root_outputs]  # per sequence: node -> output
+    _expand(tree, [[-1]] * len(seqs), root_top, sizes, tokens)
     for depth in range(2, tree.max_depth + 1):
         level = tree.level(depth - 1)
         runs = [_nodes_to_run(tree, level, n) for n in sizes]  # per sequence: nodes of depth - 1 to run
         if not any(runs):
             break
-        inputs, inputs_hidden, ran = [], [], []
+        inputs, parent_outputs, ran = [], [], []
         for j, nodes in enumerate(runs):
-            if not nodes:
-                continue
-            seq, base = seqs[j], seqs[j].num_tokens - 2
-            bits = [tree.ancestor_bits[n] >> 1 for n in nodes]  # over slots base + 1 + node
-            inputs.append(ForwardInput([tokens[j][n] for n in nodes], base + 1 + nodes[0], seq.block_ids,
-                                       positions=[base + depth - 1] * len(nodes), tree=TreeRows(base + 1, bits)))
-            inputs_hidden.extend(outputs[j][tree.parents[n]] for n in nodes)
-            ran.append(j)
-        with proposer.chain_timer.timing():
-            ids, pos, meta, _ = proposer._prepare(inputs)
-            out = model.step(depth - 1, ids, pos, torch.stack(inputs_hidden), proposer.kv_cache, meta)
-            top = model.draft_topk(depth - 1, out, max(tree.num_children(n) for n in level)).tolist()
+            if nodes:
+                bits = [tree.ancestor_bits[n] >> 1 for n in nodes]  # over slots root + 1 + node
+                inputs.append(ForwardInput([tokens[j][n] for n in nodes], roots[j] + 1 + nodes[0],
+                                           seqs[j].block_ids, positions=[roots[j] + depth - 1] * len(nodes),
+                                           tree=TreeRows(roots[j] + 1, bits)))
+                parent_outputs.extend(outputs[j][tree.parents[n]] for n in nodes)
+                ran.append(j)
+        out, top = run_level(depth - 1, inputs, parent_outputs)
         row = 0
         for j in ran:
             for n in runs[j]:
                 outputs[j][n] = out[row]
                 row += 1
         _expand(tree, [runs[j] for j in ran], top, [sizes[j] for j in ran], [tokens[j] for j in ran])
-    for j in range(num_seqs):
-        drafts[j].extend(tokens[j])
+    return tokens
 
 
 def _nodes_to_run(tree: TokenTree, level: range, size: int) -> list[int]:

@@ -17,6 +17,12 @@ drafter's argmax, verified as one-hot) or ``probabilistic`` (sampled
 requests draw drafts from the drafter's own temperature/top-k/top-p
 distribution and keep it as ``q`` for standard speculative sampling).
 
+With ``speculative_token_tree`` the drafter drafts the tree level by level
+(``tree_drafting.py``, its root the sequence's last token): a node's children are
+its top-k there. Drafts are then its argmax and top-k (one-hot, ``greedy`` only),
+and its K/V counts as computed through the root only: the accepted path is fed
+again next step, so no tree slot's K/V is ever read as a position's.
+
 ``draft_tensor_parallel_size`` 1 (default): the draft model runs whole on the
 driver's rank; equal to the target's ``tensor_parallel_size``: every rank holds a
 shard of it, as of the target, and each draft forward runs on all of them.
@@ -37,6 +43,7 @@ from ...sample.logits import target_probs, uniform_noise
 from ...validate import PREFIX, check_choice
 from ..forward_timer import ForwardTimer
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
+from ..tree_drafting import draft_tree
 
 DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
 
@@ -46,6 +53,7 @@ class DraftModelProposer(Proposer):
     method = "draft_model"
     needs = ProposerNeeds(kv_cache=True)
     shards_drafter = True
+    drafts_trees = True
 
     @dataclass
     class Options:
@@ -58,6 +66,9 @@ class DraftModelProposer(Proposer):
     def check_config(cls, config) -> None:
         if not config.model:
             raise ValueError(f"{PREFIX}: method 'draft_model' needs 'model' (the draft model's path or name)")
+        if config.token_tree is not None and config.options.draft_sample_method != "greedy":
+            raise ValueError(f"{PREFIX}['draft_sample_method']={config.options.draft_sample_method!r} is invalid "
+                             "with 'speculative_token_tree': tree drafts are the drafter's top-k ('greedy')")
 
     def __init__(self, config, target):
         super().__init__(config, target)
@@ -95,6 +106,8 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
+        if self.config.token_tree is not None:
+            return self._propose_tree(batch)
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         probs: list[list[torch.Tensor]] = [[] for _ in batch.seqs]
         rows = [i for i, limit in enumerate(batch.max_num_drafts) if limit > 0]
@@ -119,6 +132,33 @@ class DraftModelProposer(Proposer):
                     inputs.append(ForwardInput([token], seq.num_tokens + step, seq.block_ids))
             rows, step = next_rows, step + 1
         return DraftBatch.from_lists(drafts, _stack(probs, drafts))
+
+    def _propose_tree(self, batch: ProposeBatch) -> DraftBatch:
+        """Feed each drafting sequence's unseen tokens through its last one (the root), then draft
+        the tree level by level from there."""
+        tree, drafts = self.config.token_tree, [[] for _ in batch.seqs]
+        rows = [i for i, limit in enumerate(batch.max_num_drafts) if limit > 0]
+        if not rows:
+            return DraftBatch.from_lists(drafts, parents=list(tree.parents))
+        seqs = [batch.seqs[i] for i in rows]
+        top_k = max(tree.num_children(n) for n in range(-1, len(tree)))
+
+        def forward(inputs: list[ForwardInput], logit_rows: torch.Tensor) -> tuple[torch.Tensor, list]:
+            with self.timer.timing():
+                _, _, _, logits = self.paged.forward_with_logits(inputs, (), logit_rows)  # [num_rows, vocab]
+                return logits, logits.topk(top_k, dim=-1).indices.tolist()
+
+        inputs = [ForwardInput(seq.all_token_ids[seq.spec.drafter_num_computed_tokens:],
+                               seq.spec.drafter_num_computed_tokens, seq.block_ids) for seq in seqs]
+        _, root_top = forward(inputs, torch.tensor(list(accumulate(len(item.token_ids) for item in inputs))) - 1)
+        for seq in seqs:
+            seq.spec.drafter_advanced(seq.num_tokens)  # through the root; tree slots stay speculative
+        tokens = draft_tree(tree, seqs, [batch.max_num_drafts[i] for i in rows], [seq.num_tokens - 1 for seq in seqs],
+                            root_top, [None] * len(seqs),
+                            lambda _, level, __: forward(level, torch.arange(sum(len(x.token_ids) for x in level))))
+        for i, nodes in zip(rows, tokens):
+            drafts[i] = nodes
+        return DraftBatch.from_lists(drafts, parents=list(tree.parents))
 
     def _draw(self, logits: torch.Tensor,  # [num_rows, vocab]
               seqs, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
