@@ -86,6 +86,7 @@ class StepCostModel:
         self.drift_count = 0.0
         self.key_seconds = 0.0  # the seed's seconds per decode key (one row reading one key of its context)
         self.frozen = False
+        self._fit: tuple | None = None  # (the state it was fitted on, known knots, their xs, ys): see _known
 
     @classmethod
     def fixed(cls, row_cost: float, max_rows: int) -> "StepCostModel":
@@ -125,8 +126,7 @@ class StepCostModel:
     def _row_seconds(self, num_rows: np.ndarray) -> np.ndarray:  # [n] -> [n]
         """The rows' part of ``seconds_many``: the knots interpolated, extended past the last one."""
         known = self._known()
-        xs = np.array([x for x, _ in known], dtype=np.float64)
-        ys = np.array([y for _, y in known], dtype=np.float64)
+        xs, ys = self._fit[2], self._fit[3]
         out = np.interp(num_rows, xs, ys)  # flat outside [xs[0], xs[-1]]
         if len(known) >= 2:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
@@ -207,6 +207,16 @@ class StepCostModel:
         return (self.counts[k] * value + SEED_WEIGHT * prior) / (self.counts[k] + SEED_WEIGHT)
 
     def _known(self) -> list[tuple[int, float]]:
+        """``_fit_known``, refitted only when the estimates changed (the draft-length policy prices
+        every step several times between two observed steps)."""
+        state = (tuple(self.values), tuple(self.counts), tuple(self.prior), self.drift)
+        if self._fit is None or self._fit[0] != state:
+            known = self._fit_known()
+            self._fit = (state, known, np.array([x for x, _ in known], dtype=np.float64),
+                         np.array([y for _, y in known], dtype=np.float64))
+        return self._fit[1]
+
+    def _fit_known(self) -> list[tuple[int, float]]:
         """Known knots with their estimates made non-decreasing in rows. First a weighted isotonic
         fit: knots out of order are pooled, each weighted by its evidence (observations and the
         seed's weight), so a knot few steps visited, its estimate mostly the seed's, yields to a
