@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 from draftwise import LLM
 from draftwise.train import answers
 from draftwise.train.dataset import load_dataset
-from draftwise.train.magpie import Deduplicator, clean, user_turn_prefix, write_user_turns
+from draftwise.train.magpie import OPENERS, Deduplicator, clean, user_turn_prefix, write_user_turns
 from draftwise.train.make_data import make_data
 
 WORDS = ["how", "do", "I", "bake", "bread", "plan", "a", "trip", "learn", "python", "fix", "my", "bike"]
@@ -127,6 +128,25 @@ def test_unusable_requests_are_dropped():
 def test_the_writer_returns_one_turn_per_conversation(tiny_llm):
     turns = write_user_turns(tiny_llm, [[{"role": "system", "content": "Be brief."}]] * 3, seed=0, max_tokens=8)
     assert len(turns) == 3
+
+
+def test_openers_start_the_share_of_turns_asked(tiny_llm, monkeypatch):
+    """Each turn an opener starts is the opener followed by the model's continuation of it."""
+    seen = []
+
+    def generate(prompts, params, use_tqdm=False):
+        seen.extend(prompts)
+        return [SimpleNamespace(outputs=[SimpleNamespace(text=" a haiku about rain", finish_reason="stop")])
+                for _ in prompts]
+
+    monkeypatch.setattr(tiny_llm, "generate", generate)
+    systems = [[{"role": "system", "content": "Be brief."}]] * 200
+    turns = write_user_turns(tiny_llm, systems, seed=1, opener_fraction=0.6)
+    opened = [t for t in turns if t.split()[0] != "a"]
+    assert 0.5 < len(opened) / len(turns) < 0.7
+    assert all(t.endswith(" a haiku about rain") and t[:-len(" a haiku about rain")] in OPENERS for t in opened)
+    assert all(p.endswith(t[:-len(" a haiku about rain")]) for p, t in zip(seen, turns))
+    assert write_user_turns(tiny_llm, systems[:5], seed=1) == ["a haiku about rain"] * 5  # no openers by default
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ class AnswerPlan:
     chunk_size: int
     seed: int
     follow_up_fraction: float = 0.3
+    opener_fraction: float = 0.0  # magpie: share of first turns begun with an opening word (magpie.OPENERS)
 
     @property
     def num_chunks(self) -> int:
@@ -114,7 +115,7 @@ def answer_magpie(llm: LLM, num: int, plan: AnswerPlan, chunk: int, dedup: Dedup
     """``num`` self-written conversations: a first turn each, a follow-up for a share of them."""
     rng = random.Random(f"{plan.seed}/{chunk}")
     systems = [[{"role": "system", "content": rng.choice(system_prompts())}] for _ in range(num)]
-    turns = write_user_turns(llm, systems, seed=rng.randrange(2 ** 31))
+    turns = write_user_turns(llm, systems, seed=rng.randrange(2 ** 31), opener_fraction=plan.opener_fraction)
     firsts = [[*s, {"role": "user", "content": t}] for s, t in zip(systems, turns)
               if t is not None and dedup.first_time(t)]
     answered = _answer_conversations(llm, firsts, [f"{chunk}/m{i}" for i in range(len(firsts))], plan, chunk)

@@ -20,6 +20,8 @@ def add_make_data_args(parser: argparse.ArgumentParser) -> None:
                         help="prompts per resumable chunk (a restarted run goes on after the last finished one)")
     parser.add_argument("--follow-up-fraction", type=float, default=0.3,
                         help="magpie: share of conversations that get a second user turn")
+    parser.add_argument("--magpie-opener-fraction", type=float, default=0.0,
+                        help="magpie: share of first user turns begun with an opening word (Write, Explain, ...)")
     parser.add_argument("--hidden-dtype", default="bfloat16", help="bfloat16, float16 or float32 on disk")
     parser.add_argument("--layer-ids", default=None,
                         help="comma-separated target layer ids to save (default: 2,L//2,L-3,L)")
@@ -34,7 +36,7 @@ def cmd_make_data(args: argparse.Namespace) -> int:
     layer_ids = _int_list("--layer-ids", args.layer_ids) if args.layer_ids else None
     manifest = make_data(args.model, [s for s in args.prompts.split(",") if s], args.out, args.max_tokens,
                          args.num_samples, args.max_num_seqs, layer_ids, args.seed, args.dtype, args.device,
-                         args.chunk_size, args.hidden_dtype, args.follow_up_fraction)
+                         args.chunk_size, args.hidden_dtype, args.follow_up_fraction, args.magpie_opener_fraction)
     print(json.dumps({k: v for k, v in manifest.items() if k != "samples"}))
     return 0
 

@@ -4,8 +4,10 @@ Magpie's observation: an instruction-tuned model given its chat template up to t
 user turn writes a plausible user request. ``user_turn_prefix`` renders the conversation so far
 plus an empty user turn through the tokenizer's own chat template and cuts it where the user's
 text would begin, so this works for any template. Variety comes from the system prompt (a role
-crossed with a length hint), from sampling, and from follow-up turns written the same way after
-the target's answer.
+crossed with a length hint), from sampling, from follow-up turns written the same way after
+the target's answer, and, for a share of turns (``opener_fraction``), from an opening word the
+turn is started with (``OPENERS``: "Write", "Explain", "Fix", ...): left alone, a small model
+writes most requests in a few forms ("Can you provide ...", "Can you help me ...").
 
 ``write_user_turns(llm, conversations, seed)`` returns one cleaned request per conversation, or
 None where the model wrote nothing usable (empty, cut off at the length cap, a template token,
@@ -33,6 +35,9 @@ ROLES = (
     "You are a history enthusiast who answers questions about the past.",
     "You are a helpful assistant that answers questions about software, computers and the web.",
 )
+OPENERS = ("Write", "Explain", "What", "How", "Why", "Give me", "List", "Compare", "Summarize", "Describe",
+           "Create", "Help me", "I", "Is", "Translate", "Fix", "Suggest", "Tell me", "Which", "Plan", "Solve",
+           "Rewrite", "My", "In", "Generate", "Should")
 LENGTH_HINTS = ("", " Keep your answers short.", " Give detailed answers.", " Answer in a few sentences.")
 MARK = "\u2063USER\u2063"  # a placeholder no real request contains
 MIN_WORDS = 3
@@ -59,16 +64,19 @@ def clean(text: str, finished: bool) -> str | None:
     return text
 
 
-def write_user_turns(llm: LLM, conversations: list[list[dict]], seed: int,
-                     max_tokens: int = 96, temperature: float = 1.0, top_p: float = 0.95) -> list[str | None]:
-    """One sampled user request per conversation (each a list of chat messages so far)."""
+def write_user_turns(llm: LLM, conversations: list[list[dict]], seed: int, max_tokens: int = 96,
+                     temperature: float = 1.0, top_p: float = 0.95, opener_fraction: float = 0.0) -> list[str | None]:
+    """One sampled user request per conversation (each a list of chat messages so far); a share
+    ``opener_fraction`` of them begin with one of ``OPENERS``, which the model continues."""
     tokenizer = llm.get_tokenizer()
-    prompts = [user_turn_prefix(tokenizer, messages) for messages in conversations]
     rng = random.Random(seed)
+    openers = [rng.choice(OPENERS) if rng.random() < opener_fraction else "" for _ in conversations]
+    prompts = [user_turn_prefix(tokenizer, messages) + opener for messages, opener in zip(conversations, openers)]
     params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens,
                              seed=rng.randrange(2 ** 31)) for _ in prompts]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    return [clean(o.outputs[0].text, o.outputs[0].finish_reason == "stop") for o in outputs]
+    return [clean(opener + o.outputs[0].text, o.outputs[0].finish_reason == "stop")
+            for opener, o in zip(openers, outputs)]
 
 
 class Deduplicator:

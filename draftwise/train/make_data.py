@@ -73,15 +73,16 @@ def default_layer_ids(num_layers: int) -> list[int]:
 def make_data(model: str | None, sources: list[str], out: str | Path, max_tokens: int = 256,
               num_samples: int | None = None, max_num_seqs: int = 64, layer_ids: list[int] | None = None,
               seed: int = 0, dtype: str = "auto", device: str = "auto", chunk_size: int = 256,
-              hidden_dtype: str = "bfloat16", follow_up_fraction: float = 0.3) -> dict:
+              hidden_dtype: str = "bfloat16", follow_up_fraction: float = 0.3, opener_fraction: float = 0.0) -> dict:
     """Answer, extract and write ``out`` (going on from where an earlier run stopped); returns the manifest."""
     out = Path(out)
     if max_tokens < 1 or chunk_size < 1:
         raise ValueError(f"--max-tokens and --chunk-size must be >= 1, got {max_tokens} and {chunk_size}")
     if hidden_dtype not in HIDDEN_STATES_DTYPES:
         raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_STATES_DTYPES)}, got {hidden_dtype!r}")
-    if not 0.0 <= follow_up_fraction <= 1.0:
-        raise ValueError(f"--follow-up-fraction must be in [0, 1], got {follow_up_fraction}")
+    for flag, value in (("--follow-up-fraction", follow_up_fraction), ("--magpie-opener-fraction", opener_fraction)):
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"{flag} must be in [0, 1], got {value}")
     if (out / MANIFEST).exists():
         raise ValueError(f"--out {out} already holds a dataset ({MANIFEST}); choose a new directory")
     prompts, num_conversations = load_prompts(sources, num_samples, seed)
@@ -94,7 +95,7 @@ def make_data(model: str | None, sources: list[str], out: str | Path, max_tokens
     if not all(0 <= i <= num_layers for i in layer_ids):
         raise ValueError(f"--layer-ids {layer_ids} must be in [0, {num_layers}]")
     log = AnswerLog(out)
-    plan = AnswerPlan(prompts, num_conversations, max_tokens, chunk_size, seed, follow_up_fraction)
+    plan = AnswerPlan(prompts, num_conversations, max_tokens, chunk_size, seed, follow_up_fraction, opener_fraction)
     records = [r for r in answer_all(llm, plan, log)
                if r["answer_token_ids"] and len(r["prompt_token_ids"]) + len(r["answer_token_ids"]) <= max_len]
     del llm
