@@ -76,6 +76,19 @@ def test_every_method_equals_plain_constrained_decoding(method, tiny_model_dir, 
     assert stats["spec_decode_num_drafts"] > 0 and stats["grammar_num_draft_tokens"] > 0
 
 
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_token_trees_equal_plain_constrained_decoding(method, tiny_model_dir, spec_dirs, plain_constrained):
+    """A constrained sequence verifies its tree's first-choice chain; the free ones in its batch, the tree."""
+    model = spec_dirs["draft" if method == "draft_model" else method]
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0,
+              speculative_config={"method": method, "model": str(model),
+                                  "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]"})
+    prompts, params = _workload()
+    assert _tokens(llm.generate(prompts, params, use_tqdm=False)) == plain_constrained
+    stats = llm.get_spec_decode_stats()
+    assert stats["spec_decode_num_drafts"] > 0 and stats["grammar_num_draft_tokens"] > 0
+
+
 def test_async_scheduling_equals_plain_constrained_decoding(tiny_model_dir, spec_dirs, plain_constrained):
     prompts, params = _workload()
     for config in (None, spec_configs(spec_dirs)["ngram"]):
