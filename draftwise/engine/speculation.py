@@ -88,7 +88,9 @@ class Speculator:
             if num_drafts == 0:
                 continue
             seq.spec.observe(num_drafts, num_accepted)
-            depth = self.tree.depths[num_drafts - 1] if self.tree is not None else num_drafts  # (a tree's prefix)
+            depth = num_drafts
+            if self.tree is not None and num_drafts <= len(self.tree):  # a tree's prefix: its last node's depth
+                depth = max(self.tree.depths[num_drafts - 1], num_accepted)  # (more accepted: a grammar's chain)
             self.policy.observe(seq, depth, num_accepted)
             self.proposer.observe(seq, num_drafts, num_accepted)
             step.observe(num_drafts, num_accepted)
