@@ -272,6 +272,22 @@ def test_served_tree_answers_as_plain(tiny_llm, tiny_model_dir, spec_dirs, tmp_p
         stop_server(proc)
 
 
+def test_single_layer_mtp_trees_equal_plain(tiny_model_dir, tmp_path):
+    import drafter_ckpts
+
+    target = drafter_ckpts.write_mtp_target(tmp_path / "mtp1", tiny_model_dir, num_layers=1)
+    prompts, params = PROMPTS[:4], [greedy(24) for _ in range(4)]
+    plain = LLM(model=str(target), dtype="float32", seed=0).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model=str(target), dtype="float32", seed=0,
+              speculative_config={"method": "mtp", "speculative_token_tree": TREE})
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
+    assert llm.get_spec_decode_stats()["spec_decode_num_draft_tokens"] > 0
+    two = drafter_ckpts.write_mtp_target(tmp_path / "mtp2", tiny_model_dir, num_layers=2)
+    with pytest.raises(ValueError, match="one MTP layer"):
+        SpeculativeConfig.from_value({"method": "mtp", "model": str(two), "speculative_token_tree": TREE})
+
+
 @pytest.mark.slow
 def test_smollm2_eagle3_tree_greedy_equals_plain_on_the_default_path(monkeypatch):
     """The bundled model and head at the default precision (the paged kernel's tree masks): a tree

@@ -90,11 +90,17 @@ class MtpModel(ChainModel):
         return step % len(self.mtp)
 
     def draft_ids(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._logits(step, hidden).argmax(dim=-1)
+
+    def draft_topk(self, step: int, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        return self._logits(step, hidden).topk(k, dim=-1).indices
+
+    def _logits(self, step: int, hidden: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab]
         mtp = self.mtp[step % len(self.mtp)]
         normed = mtp.head_norm(hidden)
         if mtp.head is None:
-            return self._target[0].compute_logits(normed).argmax(dim=-1)
-        return mtp.head(normed.to(input_dtype(mtp.head))).argmax(dim=-1)
+            return self._target[0].compute_logits(normed)
+        return mtp.head(normed.to(input_dtype(mtp.head)))
 
     def release(self, seq_id: int) -> None:
         self._carry.pop(seq_id, None)
@@ -107,6 +113,7 @@ class MtpModel(ChainModel):
 class MtpProposer(ChainProposer):
     method = "mtp"
     drafter_in_target = True  # ``model`` defaults to the target's own checkpoint
+    drafts_trees = True  # with one MTP layer (every level runs it, as a chain reuses it)
 
     @classmethod
     def default_num_speculative_tokens(cls, options, model) -> int | None:
@@ -114,7 +121,7 @@ class MtpProposer(ChainProposer):
 
     @classmethod
     def check_config(cls, config) -> None:
-        _check_num_tokens(config.num_speculative_tokens, _num_layers(config.model))
+        _check_num_tokens(config.num_speculative_tokens, _num_layers(config.model), config.token_tree is not None)
 
     def __init__(self, config, target):
         super().__init__(config, target)
@@ -123,7 +130,7 @@ class MtpProposer(ChainProposer):
         if not num:
             raise ValueError(f"{PREFIX}: method 'mtp' needs a model whose config.json has "
                              f"num_nextn_predict_layers >= 1; {model!r} has none")
-        _check_num_tokens(config.num_speculative_tokens, num)  # model may have defaulted to the target
+        _check_num_tokens(config.num_speculative_tokens, num, config.token_tree is not None)  # (model defaulted)
         first = target.hf_config.num_hidden_layers
         ckpt = load_drafter(model, self.method, prefix=tuple(f"model.layers.{first + i}." for i in range(num)))
         self.model = MtpModel(ckpt, target, num)
@@ -138,8 +145,14 @@ def _num_layers(model: str) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def _check_num_tokens(num_tokens: int, num_layers: int | None) -> None:
-    """vLLM's rule: at most one token per MTP layer, or a multiple of the layer count (reuse)."""
+def _check_num_tokens(num_tokens: int, num_layers: int | None, tree: bool = False) -> None:
+    """vLLM's rule: at most one token per MTP layer, or a multiple of the layer count (reuse); a
+    token tree needs a single layer (its levels reuse it)."""
+    if tree:
+        if num_layers and num_layers > 1:
+            raise ValueError(f"{PREFIX}['speculative_token_tree'] needs a model with one MTP layer (each tree "
+                             f"level reuses it); this one has {num_layers}")
+        return
     if num_layers and num_tokens > num_layers and num_tokens % num_layers:
         raise ValueError(f"{PREFIX}['num_speculative_tokens']={num_tokens} is invalid: the model has {num_layers} "
                          f"MTP layers; use at most {num_layers} or a multiple of {num_layers}")
