@@ -80,6 +80,15 @@ def test_a_whole_step_equals_its_halves(quantized):
     positions = torch.cat([torch.arange(26, 30), torch.arange(19, 20)])
     meta = model.attention_metadata(build_metadata(table, [4, 1], [30, 20], BLOCK_SIZE, _window(model), CPU))
     assert meta.cu_query_lens is not None and meta.split is None  # the paged kernel: the whole path
+    whole, halves, kv_whole, kv_halves = whole_and_halves(model, meta, ids, positions, kv)
+    assert torch.equal(whole, halves), name
+    assert torch.equal(kv_whole, kv_halves), name
+    assert not torch.equal(kv_whole, kv), name  # the step wrote its K/V
+
+
+def whole_and_halves(model, meta, ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor):
+    """One step of ``ids`` at ``positions`` on ``meta`` run twice from the same cache: the one-call C++
+    path and the layer-by-layer halves; ``(whole, halves, kv_whole, kv_halves)`` (``kv`` is not changed)."""
     x = model.embed_tokens(ids).float()
     if model.embed_scale is not None:
         x = x * torch.tensor(model.embed_scale, dtype=x.dtype)
@@ -90,6 +99,4 @@ def test_a_whole_step_equals_its_halves(quantized):
         whole, _ = decoder_stack.run_stack(model, x, rope, ())
     with forward_context(meta, kv_halves):
         halves = decoder_stack._layer_by_layer(model, x, cos, sin, False, 0, len(model.layers))
-    assert torch.equal(whole, halves), name
-    assert torch.equal(kv_whole, kv_halves), name
-    assert not torch.equal(kv_whole, kv), name  # the step wrote its K/V
+    return whole, halves, kv_whole, kv_halves

@@ -193,10 +193,10 @@ def test_a_tree_step_through_the_stack_equals_each_path_alone(stacked):
     """Each node's hidden state in the tree step (whole-stack C++ path) equals that of a causal
     step over its root-to-leaf path alone; the layer-by-layer halves (Python attention on the same
     metadata) give the tree step bit for bit."""
+    from test_decoder_stack import whole_and_halves
     from test_model_parity import BLOCK_SIZE, CPU, _kv_cache, _tokens, _window
 
     from draftwise.layers.forward_context import forward_context
-    from draftwise.models import decoder_stack
 
     name, model = stacked
     table, prompt, nodes = torch.tensor([[3, 0]]), _tokens(PROMPT, seed=5), _tokens(5, seed=6)
@@ -222,15 +222,5 @@ def test_a_tree_step_through_the_stack_equals_each_path_alone(stacked):
     unmasked, _ = step(nodes, torch.tensor(TREE_POSITIONS), PROMPT + 5)
     assert not torch.allclose(unmasked[2:], tree[2:], atol=1e-2), name  # siblings do change the result
 
-    positions = torch.tensor(TREE_POSITIONS)
-    x = model.embed_tokens(nodes).float()
-    if model.embed_scale is not None:
-        x = x * torch.tensor(model.embed_scale, dtype=x.dtype)
-    rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in model.rope.items()}
-    cos, sin = [rope[t][0] for t in model.rope_types], [rope[t][1] for t in model.rope_types]
-    kv_whole, kv_halves = prompt_kv.clone(), prompt_kv.clone()
-    with forward_context(meta, kv_whole):
-        whole, _ = decoder_stack.run_stack(model, x, rope, ())
-    with forward_context(meta, kv_halves):
-        halves = decoder_stack._layer_by_layer(model, x, cos, sin, False, 0, len(model.layers))
+    whole, halves, kv_whole, kv_halves = whole_and_halves(model, meta, nodes, torch.tensor(TREE_POSITIONS), prompt_kv)
     assert torch.equal(whole, halves) and torch.equal(kv_whole, kv_halves) and torch.equal(kv_whole, tree_kv), name
