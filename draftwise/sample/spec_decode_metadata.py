@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .tree_verify import depths_of
+
 PLACEHOLDER_TOKEN_ID = -1  # pads the [num_seqs, max_spec_len + 1] results past each sequence's tokens
 
 
@@ -113,12 +115,9 @@ def _tree_layout(drafts: list[list[int]], parents: list[list[int] | None],
     rows_parents, rows_depths = [], []
     for draft, tree in zip(drafts, parents):
         tree = tree if tree is not None else list(range(-1, len(draft) - 1))
-        depths: list[int] = []
-        for p in tree:
-            depths.append(1 if p < 0 else depths[p] + 1)
         pad = width - len(draft)
         rows_parents.append(list(tree) + [-1] * pad)
-        rows_depths.append(depths + [0] * pad)
+        rows_depths.append(depths_of(tree) + [0] * pad)
     return (torch.tensor(rows_parents, dtype=torch.int64, device=device),
             torch.tensor(rows_depths, dtype=torch.int64, device=device))
 

@@ -32,6 +32,14 @@ def path_nodes(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
+def depths_of(parents: list[int]) -> list[int]:
+    """Per draft: its depth (1 for the root's children)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
 @dataclass
 class TreeVerdict:
     num_accepted: torch.Tensor  # [num_seqs] int64: depth of the accepted path

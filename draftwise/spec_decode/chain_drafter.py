@@ -244,7 +244,7 @@ class ChainProposer(Proposer):
               hidden: torch.Tensor,  # [num_seqs, hidden] each sequence's ingested output at num_tokens - 2
               drafts: list[list[int]]) -> None:
         """``tree_drafting.draft_tree`` from each sequence's last ingested position, ``num_tokens - 2``."""
-        top_k = max(tree.num_children(n) for n in range(-1, len(tree)))
+        top_k = tree.max_children
 
         def run_level(step: int, inputs: list[ForwardInput], parent_outputs: list) -> tuple[torch.Tensor, list]:
             with self.chain_timer.timing():

@@ -23,7 +23,7 @@ import ast
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..sample.tree_verify import path_nodes
+from ..sample.tree_verify import depths_of, path_nodes
 from ..validate import PREFIX
 
 __all__ = ["KEY", "MAX_NODES", "TokenTree", "ancestor_bits", "depths_of", "path_nodes"]
@@ -92,6 +92,11 @@ class TokenTree:
         return tuple(p[-1] for p in self.paths)
 
     @property
+    def max_children(self) -> int:
+        """The most candidates any node expands into: the top-k a drafter must give."""
+        return max(self.ranks) + 1
+
+    @property
     def max_depth(self) -> int:
         return self.depths[-1]
 
@@ -132,11 +137,3 @@ def ancestor_bits(parents: list[int]) -> list[int]:
     for i, parent in enumerate(parents):
         bits.append((1 if parent < 0 else bits[parent]) | 1 << (i + 1))
     return bits
-
-
-def depths_of(parents: list[int]) -> list[int]:
-    """Per draft: its depth (1 for the root's children)."""
-    depths: list[int] = []
-    for parent in parents:
-        depths.append(1 if parent < 0 else depths[parent] + 1)
-    return depths

@@ -141,7 +141,7 @@ class DraftModelProposer(Proposer):
         if not rows:
             return DraftBatch.from_lists(drafts, parents=list(tree.parents))
         seqs = [batch.seqs[i] for i in rows]
-        top_k = max(tree.num_children(n) for n in range(-1, len(tree)))
+        top_k = tree.max_children
 
         def forward(inputs: list[ForwardInput], logit_rows: torch.Tensor) -> tuple[torch.Tensor, list]:
             with self.timer.timing():

@@ -174,7 +174,7 @@ class MedusaProposer(Proposer):
         if rows:
             limits = [batch.max_num_drafts[n] for n in owners]
             num_heads = max(limits) if tree is None else max(tree.depths[:max(limits)])
-            k = 1 if tree is None else max(tree.ranks) + 1
+            k = 1 if tree is None else tree.max_children
             ids = self.heads(target.hidden_states[torch.tensor(rows)], num_heads, k).tolist()  # [rows, heads, k]
             for n, row_ids, limit in zip(owners, ids, limits):
                 if tree is None:
