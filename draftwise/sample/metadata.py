@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sequence import Sequence
-from .tree_verify import path_nodes
+from .tree_verify import depths_of, path_nodes
 
 
 @dataclass
@@ -58,8 +58,8 @@ def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab
     (None: a chain) places tree drafts."""
     params = [s.params for s in seqs]
     reps = torch.tensor([len(d) + 1 for d in drafts])
-    paths = _row_paths(drafts, parents)  # per sequence, per row: the drafts already output there
-    offsets = torch.tensor([len(path) for rows in paths for path in rows])  # [num_rows]
+    depths = _row_depths(drafts, parents)  # per sequence, per row: how many drafts precede its token
+    offsets = torch.tensor([d for seq_depths in depths for d in seq_depths])  # [num_rows]
 
     def rows(values, dtype=None) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).repeat_interleave(reps).to(device)
@@ -81,9 +81,17 @@ def build_sampling_metadata(seqs: list[Sequence], drafts: list[list[int]], vocab
         max_num_logprobs=max(logprobs) if logprobs else None,
     )
     if any(p.has_penalties for p in params):
-        meta.penalties = _penalties(seqs, paths, reps, vocab_size, device)
-    _suppress(seqs, paths, meta, eos_token_ids, device)
+        meta.penalties = _penalties(seqs, _row_paths(drafts, parents), reps, vocab_size, device)
+    _suppress(seqs, depths, meta, eos_token_ids, device)
     return meta
+
+
+def _row_depths(drafts: list[list[int]], parents: list[list[int] | None] | None) -> list[list[int]]:
+    """Per sequence, per row: the number of drafts before that row's token (a chain's row ``j``: ``j``;
+    a tree's row ``j``: the depth of draft ``j - 1``)."""
+    trees = parents if parents is not None else [None] * len(drafts)
+    return [list(range(len(draft) + 1)) if tree is None else [0] + depths_of(tree)
+            for draft, tree in zip(drafts, trees)]
 
 
 def _row_paths(drafts: list[list[int]], parents: list[list[int] | None] | None) -> list[list[list[int]]]:
@@ -126,17 +134,17 @@ def _penalties(seqs: list[Sequence], paths: list[list[list[int]]], reps: torch.T
         output_counts=counts.to(device), seen=seen.to(device))
 
 
-def _suppress(seqs: list[Sequence], paths: list[list[list[int]]], meta: SamplingMetadata,
+def _suppress(seqs: list[Sequence], depths: list[list[int]], meta: SamplingMetadata,
               eos_token_ids: list[int], device: torch.device) -> None:
     """Ban EOS and stop ids on rows that have not reached min_tokens yet."""
     rows, ids, row = [], [], 0
-    for seq, seq_paths in zip(seqs, paths):
+    for seq, seq_depths in zip(seqs, depths):
         banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else eos_token_ids)
-        for j, path in enumerate(seq_paths):
-            if seq.num_output_tokens + len(path) < seq.params.min_tokens:
+        for j, depth in enumerate(seq_depths):
+            if seq.num_output_tokens + depth < seq.params.min_tokens:
                 rows += [row + j] * len(banned)
                 ids += banned
-        row += len(seq_paths)
+        row += len(seq_depths)
     if rows:
         meta.suppress_rows = torch.tensor(rows, dtype=torch.int64, device=device)
         meta.suppress_ids = torch.tensor(ids, dtype=torch.int64, device=device)
