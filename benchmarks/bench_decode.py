@@ -20,7 +20,7 @@ import time
 import torch
 
 from draftwise import LLM, SamplingParams
-from draftwise.models.loader import resolve_model
+from draftwise.models.loader import load_transformers_model, resolve_model
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe the colours it sees."
 
@@ -41,10 +41,10 @@ def bench_draftwise(llm: LLM, max_tokens: int, repeats: int, concurrency: int) -
 
 
 def bench_transformers(path, dtype: torch.dtype, device: torch.device, max_tokens: int, repeats: int) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    model = load_transformers_model(path, dtype).to(device)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids.to(device)
     kwargs = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
     model.generate(ids, max_new_tokens=8, do_sample=False)  # warm-up

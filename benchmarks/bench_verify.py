@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from draftwise import LLM, SamplingParams
-from draftwise.models.loader import resolve_model
+from draftwise.models.loader import load_transformers_model, resolve_model
 from draftwise.outputs import RequestOutput
 from draftwise.spec_decode.metrics import SpecDecodingStats
 from draftwise.workloads import BenchPrompt, load_workload
@@ -99,14 +99,14 @@ class Tally:
 
 def layer_skip_drafter(skip: range, out: Path) -> Path:
     """SmolLM2 without the layers in ``skip`` (self-speculation by layer skipping), saved in ``out``."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     source = resolve_model(None)
     config = json.loads((source / "config.json").read_text())
     keep = [i for i in range(config["num_hidden_layers"]) if i not in skip]
     renamed = {f"model.layers.{old}.": f"model.layers.{new}." for new, old in enumerate(keep)}
     weights = {}
-    for name, tensor in load_file(str(source / "model.safetensors")).items():
+    for name, tensor in load_transformers_model(source, torch.float32).state_dict().items():
         match = re.match(r"model\.layers\.\d+\.", name)
         if match is None:
             weights[name] = tensor

@@ -30,12 +30,12 @@ def test_int4_linear_matches_its_weights():
 
 @pytest.mark.slow
 def test_q4_blocks_read_from_gguf_equal_transformers_dequantisation():
-    from draftwise.models.loader import gguf_source, load_weights, resolve_model
+    from draftwise.models.loader import gguf_source, load_transformers_model, resolve_model
     from draftwise.models.registry import load_config
 
     path = resolve_model(None)
     tensors = {t.name: t for t in gguf.GGUFReader(str(gguf_source(path))).tensors}
-    weights = load_weights(path, torch.float32)
+    weights = load_transformers_model(path, torch.float32).state_dict()
     parts = _layer_q4(tensors, 5, load_config(path))
     names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
              "o": "self_attn.o_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from draftwise.layers import gguf_linear
 from draftwise.models import loader
 from draftwise.models.loader import load_weights, resolve_model
 
@@ -90,7 +91,8 @@ def _gguf_tensors(model) -> dict[str, np.ndarray]:
     return out
 
 
-def _write_tiny_gguf(path, model) -> None:
+def _write_tiny_gguf(path, model, qtype: str | None = None) -> None:
+    """``model`` as llama.cpp writes it: F32 tensors, or the matrices in ``qtype`` blocks."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -111,7 +113,11 @@ def _write_tiny_gguf(path, model) -> None:
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
     for name, array in _gguf_tensors(model).items():
-        writer.add_tensor(name, array)
+        if qtype is None or array.ndim == 1:
+            writer.add_tensor(name, array)
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -162,8 +168,8 @@ def test_non_gguf_file_raises(tmp_path):
         resolve_model(str(path))
 
 
-def test_tiny_gguf_converts_to_equivalent_hf_dir(tmp_path, cache, monkeypatch):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_tiny_gguf_resolves_to_config_and_tokenizer_and_reads_from_its_file(tmp_path, cache, monkeypatch):
+    from transformers import AutoTokenizer
 
     model = _tiny_model()
     gguf_path = tmp_path / "tiny.gguf"
@@ -172,18 +178,17 @@ def test_tiny_gguf_converts_to_equivalent_hf_dir(tmp_path, cache, monkeypatch):
     out = resolve_model(str(gguf_path))
     assert out.parent == cache and out == loader.cache_dir_for(gguf_path)
     assert [p.name for p in cache.iterdir()] == [out.name]  # no temp dirs left behind
+    assert not list(out.glob("*.safetensors"))  # the weights stay in the GGUF
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
     assert config["num_hidden_layers"] == 2 and config["vocab_size"] == 64
 
-    # Same tensors, Q/K back in HF layout, exact values (F32 source).
-    weights = load_weights(out, torch.float32)
+    # Every tensor read from the file, Q/K back in HF layout, exact values (F32 source).
+    weights = loader.open_checkpoint(out)
     for name, tensor in model.state_dict().items():
-        assert torch.equal(weights[name], tensor), name
-    converted = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
-    ids = torch.tensor([[1, 5, 9, 30, 31, 7, 2]])
-    with torch.no_grad():
-        assert torch.equal(converted(ids).logits, model(ids).logits)
+        assert torch.equal(weights.read(name), tensor), name
+    assert torch.equal(weights.read("model.layers.1.self_attn.q_proj.weight", 0, 8, 16),
+                       model.state_dict()["model.layers.1.self_attn.q_proj.weight"][8:16])
 
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     assert tokenizer_config["chat_template"] == CHAT_TEMPLATE
@@ -196,6 +201,70 @@ def test_tiny_gguf_converts_to_equivalent_hf_dir(tmp_path, cache, monkeypatch):
     assert resolve_model(gguf_path) == out
 
 
+def test_tiny_gguf_model_matches_transformers(tmp_path, cache):
+    from draftwise.models.registry import build_model, load_config
+
+    model = _tiny_model()
+    gguf_path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(gguf_path, model)
+    out = resolve_model(gguf_path)
+    ours = build_model(out, load_config(out), torch.float32, torch.device("cpu"), max_positions=64)
+    ids = torch.tensor([1, 5, 9, 30, 31, 7, 2])
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    assert torch.allclose(_logits(ours, ids), ref, atol=1e-4)
+
+
+@pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU kernels did not build")
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_gguf_runs_on_its_blocks_with_no_float_copy(tmp_path, cache, qtype):
+    from draftwise.layers.gguf_embedding import GGUFEmbedding
+    from draftwise.layers.gguf_linear import GGUFLinear
+    from draftwise.models.registry import build_model, load_config
+
+    gguf_path = tmp_path / f"tiny-{qtype}.gguf"
+    _write_tiny_gguf(gguf_path, _tiny_model(), qtype)
+    out = resolve_model(gguf_path)
+    config, cpu = load_config(out), torch.device("cpu")
+    blocks = build_model(out, config, torch.float32, cpu, max_positions=64, gguf_weights="quantized")
+    floats = build_model(out, config, torch.float32, cpu, max_positions=64)  # de-quantized from the same file
+    assert blocks.num_gguf_linears == 4 * TINY["num_hidden_layers"] + 1 and isinstance(blocks.lm_head, GGUFLinear)
+    assert isinstance(blocks.embed_tokens, GGUFEmbedding)
+    assert not [n for n, p in blocks.named_parameters() if p.dim() > 1]  # only norms hold floats
+    ids = torch.tensor([1, 5, 9, 30, 31, 7, 2])
+    ref = _logits(floats, ids)
+    assert torch.equal(blocks.embed_tokens(ids), floats.embed_tokens.weight[ids])
+    assert (_logits(blocks, ids) - ref).norm() / ref.norm() < 0.05  # 8-bit activations against float ones
+
+
+def test_truncated_gguf_is_refused_naming_the_problem(tmp_path, cache):
+    from draftwise.models.registry import build_model, load_config
+
+    gguf_path = tmp_path / "cut.gguf"
+    _write_tiny_gguf(gguf_path, _tiny_model())
+    out = resolve_model(gguf_path)  # converted while whole
+    with open(gguf_path, "r+b") as f:
+        f.truncate(gguf_path.stat().st_size - 4096)
+    with pytest.raises(ValueError, match="ends inside tensor blk.1.ffn_down"):
+        build_model(out, load_config(out), torch.float32, torch.device("cpu"), max_positions=64)
+    os.utime(gguf_path, ns=(1_000_000_000, 1_000_000_000))  # a new file for the cache
+    with pytest.raises(ValueError, match="truncated download"):
+        resolve_model(gguf_path)
+
+
+def _logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """``model``'s logits for the prompt ``ids`` [n], prefilled at once from an empty cache."""
+    from draftwise.layers.forward_context import forward_context
+    from draftwise.paged.batch import ForwardInput, prepare_batch
+
+    layer = model.layers[0]
+    kv = torch.zeros(len(model.layers), 2, 64, layer.num_kv_heads, layer.head_dim)
+    ids_, pos, meta, _ = prepare_batch([ForwardInput(ids.tolist(), 0, [0, 1, 2, 3])], 16, None, torch.device("cpu"))
+    with forward_context(model.attention_metadata(meta), kv):
+        hidden, _ = model(ids_, pos)
+    return model.compute_logits(hidden)
+
+
 def test_cache_key_follows_file_changes(tmp_path, cache):
     path = tmp_path / "m.gguf"
     path.write_bytes(b"x" * 10)
@@ -205,9 +274,17 @@ def test_cache_key_follows_file_changes(tmp_path, cache):
     assert loader.cache_dir_for(path) != first
 
 
-def test_failed_conversion_leaves_no_cache(tmp_path, cache, monkeypatch):
+def test_a_file_that_is_not_gguf_is_refused(tmp_path, cache):
     path = tmp_path / "broken.gguf"
     path.write_bytes(b"not a gguf")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        resolve_model(path)
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_failed_conversion_leaves_no_cache(tmp_path, cache, monkeypatch):
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path, _tiny_model())
 
     def crash(gguf, out):
         (out / "model.safetensors").write_bytes(b"half")
@@ -265,7 +342,7 @@ def test_smollm2_default_resolves_and_is_cached(monkeypatch):
         assert (out / name).is_file(), name
     template = json.loads((out / "tokenizer_config.json").read_text()).get("chat_template")
     assert template and "<|im_start|>" in template
-    weights = load_weights(out, torch.float32)
-    assert weights["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
-    assert weights["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
-    assert "lm_head.weight" not in weights  # tied: stored once as model.embed_tokens.weight
+    weights = loader.open_checkpoint(out)
+    assert weights.read("model.layers.0.self_attn.q_proj.weight").shape == (576, 576)
+    assert weights.read("model.layers.0.self_attn.k_proj.weight").shape == (192, 576)
+    assert "lm_head.weight" not in weights  # tied: the file has only token_embd

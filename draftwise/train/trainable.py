@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from ..models.loader import load_weights, resolve_model
+from ..models.loader import open_checkpoint, resolve_model
 from ..models.registry import layer_hf_tensors, load_config
 from ..spec_decode.drafter_modules import RopeCache
 from .dataset import Batch, DraftVocab
@@ -49,10 +49,10 @@ class TargetParts:
     def load(cls, model: str | None, device: torch.device = torch.device("cpu")) -> "TargetParts":
         path = resolve_model(model)
         config = load_config(path)
-        weights = load_weights(path, torch.float32)
-        embed = weights["model.embed_tokens.weight"].to(device)
-        lm_head = weights["lm_head.weight"].to(device) if "lm_head.weight" in weights else embed
-        return cls(path, config, embed, weights["model.norm.weight"].to(device), lm_head)
+        weights = open_checkpoint(path)  # a GGUF's tensors are read from its file
+        embed = weights.read("model.embed_tokens.weight").to(device)
+        lm_head = weights.read("lm_head.weight").to(device) if "lm_head.weight" in weights else embed
+        return cls(path, config, embed, weights.read("model.norm.weight").to(device), lm_head)
 
     @property
     def num_layers(self) -> int:
