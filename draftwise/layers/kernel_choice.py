@@ -9,11 +9,13 @@ per bucket. A group is what a step runs together:
   from ``linear.CANDIDATES``. Models have ``layers`` (every linear of the
   decoder layers) and ``head`` (the output projection, whose shape differs).
 * ``AttentionGroup``: one layer's attention for ``ATTENTION_SEQS`` sequences of
-  up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence:
-  scaled-dot-product attention in the model's dtype (``native``) or in fp32
-  (``fp32``; bf16 CPU flash attention is several times slower than fp32 for a
-  few query rows on some CPUs), or draftwise's paged CPU kernel (``paged``,
-  up to ``PAGED_MAX_QUERY`` rows, where it built: ``native.py``).
+  up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence. Where draftwise's paged
+  CPU kernel built (``native.py``) it is the only candidate up to ``PAGED_MAX_QUERY`` rows, not
+  timed: its rows reduce their keys in an order fixed by position whatever the rows beside them,
+  so a decode row, a verify row and a tree row of the same position compute alike (speculation
+  changes no output). Otherwise: scaled-dot-product attention in the model's dtype (``native``)
+  or in fp32 (``fp32``; bf16 CPU flash attention is several times slower than fp32 for a few
+  query rows on some CPUs).
 
 A kernel's time is its best of ``REPEATS`` rounds after a warm-up round, every round running each
 candidate once in turn (interleaved), so a burst of load on the machine hits all candidates alike.
@@ -22,9 +24,10 @@ The result is cached as JSON under ``cache_dir``, keyed by the CPU (model
 name and ISA flags), torch version, thread count, the groups' dtypes and
 shapes, ``METHOD_VERSION`` and the paged kernel's build, so a second start
 reads it instead of measuring. A cached plan is re-checked at start-up, cheaply: at
-``RECHECK_BUCKETS`` its kernel is timed against the other candidates, interleaved, and where one of
-them runs ``RECHECK_RATIO`` times faster (a plan measured while the machine was busy) the plan is
-measured again and re-cached. It is logged at start-up and kept on the model (``model.kernel_plans``).
+``RECHECK_BUCKETS`` its kernel is timed against the other candidates on a sample of the work (one
+attention call in ``RECHECK_SAMPLE``, one linear in as many), interleaved, in one round after a
+warm-up, and where one of them runs ``RECHECK_RATIO`` times faster there and again at full size
+(a plan measured while the machine was busy) the plan is measured again and re-cached. It is logged at start-up and kept on the model (``model.kernel_plans``).
 ``DRAFTWISE_KERNEL_CHOICE=default`` skips the measurement (``linear.DEFAULT_PLANS``).
 """
 from __future__ import annotations
@@ -51,10 +54,11 @@ ATTENTION_SEQS = 16  # sequences of the timed attention batch: a busy server's, 
 # under-prices the gathered SDPA path against the paged kernel
 BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
-METHOD_VERSION = 7  # part of the cache key: raise it when what is timed changes
+METHOD_VERSION = 8  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
 RECHECK_BUCKETS = (1, 8)
 RECHECK_RATIO = 1.5
+RECHECK_SAMPLE = 8  # the re-check times 1/RECHECK_SAMPLE of a measurement's work
 CHOICE_ENV = "DRAFTWISE_KERNEL_CHOICE"
 logger = logging.getLogger("draftwise")
 
@@ -69,11 +73,13 @@ class LinearGroup:
     def candidates(self, rows: int) -> list[str]:
         return [k for k in CANDIDATES[self.dtype] if k != "mv" or rows == 1]
 
-    def timer(self, rows: int) -> Callable[[str], None]:
-        inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=self.dtype) for m in self.modules}
+    def timer(self, rows: int, sample: int = 1) -> Callable[[str], None]:
+        """Runs every ``sample``-th module in order."""
+        modules = self.modules[::sample]
+        inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=self.dtype) for m in modules}
 
         def run(kernel: str) -> None:
-            for module in self.modules:
+            for module in modules:
                 module.run(kernel, inputs[module.in_features])
         return run
 
@@ -90,12 +96,14 @@ class AttentionGroup:
         self.shape = [num_heads, num_kv_heads, head_dim, ATTENTION_CONTEXT]
 
     def candidates(self, rows: int) -> list[str]:
-        kernels = ["native"] + (["fp32"] if self.dtype != torch.float32 else [])
-        return kernels + (["paged"] if rows <= PAGED_MAX_QUERY and native.load() else [])
+        if rows <= PAGED_MAX_QUERY and native.load():
+            return ["paged"]
+        return ["native"] + (["fp32"] if self.dtype != torch.float32 else [])
 
-    def timer(self, rows: int) -> Callable[[str], None]:
+    def timer(self, rows: int, sample: int = 1) -> Callable[[str], None]:
         """One layer's ``paged_attention`` as a batch runs it: ``ATTENTION_SEQS`` sequences of
-        different context lengths in scattered blocks, ``rows`` query rows each."""
+        different context lengths in scattered blocks, ``rows`` query rows each;
+        ``ATTENTION_CALLS // sample`` calls."""
         num_heads, num_kv_heads, head_dim = self.heads
         context_lens = [ATTENTION_CONTEXT - 23 * i for i in range(ATTENTION_SEQS)]
         width = -(-ATTENTION_CONTEXT // BLOCK_SIZE)
@@ -108,7 +116,7 @@ class AttentionGroup:
         kv_cache = torch.zeros(2, table.numel() * BLOCK_SIZE, num_kv_heads, head_dim, dtype=self.dtype)
 
         def run(kernel: str) -> None:
-            for _ in range(ATTENTION_CALLS):  # one call per layer of a step
+            for _ in range(max(1, ATTENTION_CALLS // sample)):  # one call per layer of a step
                 paged_attention(q, k, v, kv_cache, metas[kernel], head_dim ** -0.5, False)
         return run
 
@@ -146,7 +154,11 @@ def measure(groups: dict[str, LinearGroup | AttentionGroup]
     for name, group in groups.items():
         plans[name], times[name] = {}, {}
         for rows in ROW_BUCKETS:
-            measured = _interleaved(group.timer(rows), group.candidates(rows))
+            candidates = group.candidates(rows)
+            if len(candidates) == 1:  # nothing to choose: not timed
+                plans[name][rows], times[name][rows] = candidates[0], {}
+                continue
+            measured = _interleaved(group.timer(rows), candidates)
             times[name][rows] = {k: round(1000 * t, 3) for k, t in measured.items()}
             plans[name][rows] = min(measured, key=measured.get)
     return plans, times
@@ -162,9 +174,12 @@ def plan_holds(groups: dict[str, LinearGroup | AttentionGroup], plans: dict[str,
             chosen = plans.get(name, {}).get(rows)
             if len(candidates) < 2 or chosen not in candidates:
                 continue
-            measured = _interleaved(group.timer(rows), candidates)
+            sample = _interleaved(group.timer(rows, RECHECK_SAMPLE), candidates, rounds=1)
+            if not _contradicts(sample, chosen):
+                continue
+            measured = _interleaved(group.timer(rows), candidates)  # confirmed at full size before re-measuring
             best = min(measured, key=measured.get)
-            if measured[chosen] > RECHECK_RATIO * measured[best]:
+            if _contradicts(measured, chosen):
                 logger.info("draftwise: the cached kernel plan's %s at %d rows (%s, %.2f ms) is slower than %s "
                             "(%.2f ms) now: measuring again", name, rows, chosen, 1000 * measured[chosen], best,
                             1000 * measured[best])
@@ -172,10 +187,14 @@ def plan_holds(groups: dict[str, LinearGroup | AttentionGroup], plans: dict[str,
     return True
 
 
-def _interleaved(run: Callable[[str], None], kernels: list[str]) -> dict[str, float]:
-    """Each kernel's best time over ``REPEATS`` rounds (after a warm-up round) that run every kernel once."""
+def _contradicts(measured: dict[str, float], chosen: str) -> bool:
+    return measured[chosen] > RECHECK_RATIO * min(measured.values())
+
+
+def _interleaved(run: Callable[[str], None], kernels: list[str], rounds: int = REPEATS) -> dict[str, float]:
+    """Each kernel's best time over ``rounds`` rounds (after a warm-up round) that run every kernel once."""
     best = dict.fromkeys(kernels, float("inf"))
-    for round_index in range(REPEATS + 1):
+    for round_index in range(rounds + 1):
         for kernel in kernels:
             start = time.perf_counter()
             run(kernel)

@@ -171,8 +171,12 @@ class DecoderLM(nn.Module):
 
     def set_attention_plan(self, plan: dict[int, str]) -> None:
         """Query rows per sequence -> attend in the model dtype (``native``), in ``fp32``, or with
-        the paged CPU kernel (``paged``; ``native`` where it is not built)."""
-        self._attention_kernels = [k if k != "paged" or native.load() else "native" for k in plan_by_rows(plan)]
+        the paged CPU kernel (``paged``; ``native`` where it is not built). Rows that SDPA attends
+        all take one dtype, the plan's at its largest SDPA bucket, else fp32 (as the paged kernel
+        accumulates), so a row's arithmetic never depends on the query rows batched with it."""
+        kernels = [k if k != "paged" or native.load() else "native" for k in plan_by_rows(plan)]
+        sdpa = next((k for k in reversed(kernels) if k != "paged"), "fp32")
+        self._attention_kernels = [k if k == "paged" else sdpa for k in kernels]
 
     @property
     def uses_sliding_window(self) -> bool:
