@@ -296,7 +296,7 @@ def _per_sequence(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     full_mask = index.sliding_mask if sliding else index.mask
     windowed = sliding and index.sliding_mask is not None  # the window needs the explicit mask
     for i, (q_len, ctx_len) in enumerate(zip(meta.query_lens, meta.context_lens)):
-        queries = q[start:start + q_len].transpose(0, 1)[None].contiguous()  # [1, num_heads, q_len, head_dim]
+        queries = q[start:start + q_len].transpose(0, 1)[None]  # [1, num_heads, q_len, head_dim]
         start += q_len
         causal = q_len == ctx_len and q_len > 1 and not windowed
         mask = None if causal or q_len == 1 and not windowed else full_mask[i:i + 1, :, :q_len, :ctx_len]
