@@ -215,21 +215,15 @@ def _write_hf_dir(gguf: Path, out: Path) -> None:
     config = _gguf_config(gguf)
     config.save_pretrained(out)
     _write_generation_config(config, out)
-    _write_tokenizer(gguf, out)
+    _write_tokenizer(gguf, config, out)
 
 
 def _gguf_config(gguf: Path):
-    from transformers import AutoConfig
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    """transformers' config of ``gguf``, read from its header (``gguf_config.py``)."""
+    from .gguf_config import gguf_config
+    from .gguf_header import read_header
 
-    config_dict = dict(load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
-    config_dict.pop("_model_name_or_path", None)
-    model_type = config_dict.pop("model_type")
-    config = AutoConfig.for_model(model_type, **config_dict)
-    config.dtype = torch.float32
-    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
-    return config
+    return gguf_config(read_header(gguf))
 
 
 def _write_generation_config(config, out: Path) -> None:
@@ -238,11 +232,12 @@ def _write_generation_config(config, out: Path) -> None:
     GenerationConfig.from_model_config(config).save_pretrained(out)
 
 
-def _write_tokenizer(gguf: Path, out: Path) -> None:
-    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json."""
+def _write_tokenizer(gguf: Path, config, out: Path) -> None:
+    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json,
+    by transformers' GGUF tokenizer converter (given the config, it reads no config of its own)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config)
     tokenizer.save_pretrained(out, save_jinja_files=False)
     special = {
         name: getattr(tokenizer, name)
