@@ -22,6 +22,7 @@ from ..layers import native
 from ..layers.forward_context import context_attention, get_forward_context
 from ..layers.gguf_linear import ConcatLinear, GGUFLinear
 
+POST_ATTENTION_ROWS = 512  # rows whose MLP activations exist at once (a row's result does not depend on it)
 ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_tanh": 1, "gelu_new": 1}  # the stack's codes
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -100,5 +101,9 @@ def _layer_by_layer(model, x: torch.Tensor, cos: list[torch.Tensor], sin: list[t
         t = _rope_index(model, i)
         q, k, v = model.stack.pre_attention(i, x, cos[t], sin[t], bf16)
         attn = context_attention(q, k, v, i, layer.scale, layer.sliding)
-        x = model.stack.post_attention(i, x, attn)
+        if x.shape[0] <= POST_ATTENTION_ROWS:
+            x = model.stack.post_attention(i, x, attn)
+        else:  # a long prefill chunk: the MLP's activations for a slice of rows at a time
+            x = torch.cat([model.stack.post_attention(i, x[s:s + POST_ATTENTION_ROWS], attn[s:s + POST_ATTENTION_ROWS])
+                           for s in range(0, x.shape[0], POST_ATTENTION_ROWS)])
     return x
