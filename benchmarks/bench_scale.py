@@ -1,0 +1,106 @@
+"""Models at real sizes against llama.cpp: start-up, memory, prefill and decode on the same GGUF.
+
+    python benchmarks/bench_scale.py --llamacpp-python .venv-llamacpp/bin/python \
+        [--llama-bench PATH] [--files llama-3.2-1b:Q4_0,llama-3.1-8b:Q4_K_M] [--out FILE.json]
+
+Each file is a random-weight GGUF in a real model's shapes (``scripts/make_shaped_gguf.py``,
+written once into the cache). For each file, one after the other in fresh processes
+(``scale_runner.py``): draftwise's default path, then llama.cpp through llama-cpp-python (start-up
+and peak memory, and speeds when no ``llama-bench`` is given); with ``--llama-bench``, llama.cpp's
+speeds come from its own C++ tool (prefill of ``--prefill`` tokens, ``--decode`` tokens generated at
+depth 0 and ``--depth``). Both engines get 2 threads and a KV cache of about the same size.
+Prints one table with the ratios draftwise / llama.cpp and writes the figures as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RUNNER = HERE / "scale_runner.py"
+DEFAULT_FILES = "llama-3.2-1b:Q4_0,llama-3.2-1b:Q4_K_M,llama-3.2-3b:Q4_0,llama-3.1-8b:Q4_K_M"
+METRICS = ("startup_s", "peak_rss_mb", "prefill_tps", "decode_tps", "decode_deep_tps")
+
+
+def shaped_gguf(spec: str) -> Path:
+    """``shape:ftype`` -> the cached random-weight file (written now if absent)."""
+    module_path = HERE.parent / "scripts" / "make_shaped_gguf.py"
+    spec_obj = importlib.util.spec_from_file_location("make_shaped_gguf", module_path)
+    module = importlib.util.module_from_spec(spec_obj)
+    sys.modules["make_shaped_gguf"] = module  # its dataclasses look their module up
+    spec_obj.loader.exec_module(module)
+    shape, ftype = spec.split(":")
+    return module.shaped_gguf(shape, ftype)
+
+
+def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [python, str(RUNNER), engine, str(gguf), out.name, "--threads", str(args.threads),
+               "--prefill", str(args.prefill), "--decode", str(args.decode), "--depth", str(args.depth),
+               "--kv-bytes", str(args.kv_bytes), "--n-ctx", str(args.n_ctx)] + ([] if speed else ["--no-speed"])
+        subprocess.run(cmd, check=True)
+        return json.loads(Path(out.name).read_text())
+
+
+def llama_bench(binary: str, gguf: Path, args) -> dict:
+    """llama.cpp's own speeds: prefill tokens/s, decode tokens/s at depth 0 and at ``--depth``."""
+    cmd = [binary, "-m", str(gguf), "-t", str(args.threads), "-p", str(args.prefill), "-n", str(args.decode),
+           "-d", f"0,{args.depth}", "-r", "1", "-o", "json"]
+    runs = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    speed = {(r["n_prompt"], r["n_gen"], r["n_depth"]): r["avg_ts"] for r in runs}
+    return {"prefill_tps": speed[(args.prefill, 0, 0)], "decode_tps": speed[(0, args.decode, 0)],
+            "decode_deep_tps": speed.get((0, args.decode, args.depth))}
+
+
+def measure_file(spec: str, args) -> dict:
+    gguf = shaped_gguf(spec)
+    ours = run_engine(sys.executable, "draftwise", gguf, args)
+    theirs = run_engine(args.llamacpp_python, "llamacpp", gguf, args, speed=not args.llama_bench)
+    if args.llama_bench:
+        theirs.update(llama_bench(args.llama_bench, gguf, args), speeds_from="llama-bench")
+    row = {"file": spec, "size_mb": round(gguf.stat().st_size / 2**20), "draftwise": ours, "llamacpp": theirs}
+    row["ratios"] = {m: ours[m] / theirs[m] for m in METRICS if ours.get(m) and theirs.get(m)}
+    print_row(row)
+    return row
+
+
+def print_row(row: dict) -> None:
+    ours, theirs, ratio = row["draftwise"], row["llamacpp"], row["ratios"]
+    cells = [f"{m} {ours[m]:.1f} vs {theirs[m]:.1f} ({ratio[m]:.2f}x)" for m in METRICS if m in ratio]
+    print(f"{row['file']} ({row['size_mb']} MB): " + "; ".join(cells), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--llamacpp-python", required=True, help="python of the venv `make llamacpp` built")
+    parser.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench (`make llama-bench`)")
+    parser.add_argument("--files", default=DEFAULT_FILES, help="shape:ftype,... (scripts/make_shaped_gguf.py)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prefill", type=int, default=1024)
+    parser.add_argument("--decode", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=2048)
+    parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--kv-bytes", type=int, default=256 << 20, help="draftwise's KV pool")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    sys.path.insert(0, str(HERE.parent))
+    from draftwise.layers.cpu_info import cpu_signature
+
+    rows = [measure_file(spec, args) for spec in args.files.split(",")]
+    today = datetime.date.today().isoformat()
+    result = {"date": today, "cpu": cpu_signature(), "threads": args.threads, "command": " ".join(sys.argv),
+              "settings": {k: getattr(args, k) for k in ("prefill", "decode", "depth", "n_ctx", "kv_bytes")},
+              "files": rows}
+    out = Path(args.out or HERE / "results" / f"scale-{today}.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
