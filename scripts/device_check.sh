@@ -2,6 +2,7 @@
 # The CUDA check for a session that is lent a GPU machine (the device tool runs "run" there):
 #   here:   scripts/device_check.sh wheels     # downloads the packages that machine lacks into .whl/
 #   there:  scripts/device_check.sh run        # installs them, runs the suite on CUDA, then bench_decode
+#           scripts/device_check.sh diag       # installs them, runs the suite, then profiles decode steps
 # The machine has its own python3 and torch; draftwise runs from the source tree on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,19 +21,35 @@ wheels() {
         referencing==0.37.0 rpds-py==2026.9.1
 }
 
-run() {
+setup() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
     { nvidia-smi -L; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'
       lscpu | grep -E 'Model name|^CPU\(s\)'; } 2>&1 | tee "$OUT/env.txt"
     python3 -c "from draftwise.layers import native; print('native kernels:', native.load())"
+}
+
+suite() {
     timeout "${SUITE_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -n "${WORKERS:-12}" \
         --timeout 240 -rfE --maxfail=60 tests > "$OUT/suite.txt" 2>&1
     grep -E '^(FAILED|ERROR)|passed|failed' "$OUT/suite.txt" | tail -n 60
+}
+
+run() {
+    setup && suite
     python3 scripts/device_model.py /tmp/smol-random && \
         timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_decode.py --model /tmp/smol-random \
         --dtype bfloat16 --max-tokens 128 --concurrency 16 --no-int4 2>&1 | tee "$OUT/bench_decode.txt"
+}
+
+diag() {
+    setup && suite
+    python3 scripts/device_model.py /tmp/smol-random > /dev/null 2>&1
+    for c in 1 16; do
+        timeout 90 python3 scripts/device_profile.py /tmp/smol-random --concurrency $c > "$OUT/profile-$c.txt" 2>&1
+        head -n 3 "$OUT/profile-$c.txt"
+    done
 }
 
 "$@"
