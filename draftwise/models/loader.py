@@ -233,11 +233,15 @@ def _write_generation_config(config, out: Path) -> None:
 
 
 def _write_tokenizer(gguf: Path, config, out: Path) -> None:
-    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json,
-    by transformers' GGUF tokenizer converter (given the config, it reads no config of its own)."""
-    from transformers import AutoTokenizer
+    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json, by
+    transformers' GGUF tokenizer converter, in the class AutoTokenizer picks for the model type
+    (called directly: AutoTokenizer re-reads the config through the slow GGUFReader)."""
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config)
+    name = TOKENIZER_MAPPING_NAMES.get(config.model_type)
+    tokenizer_class = tokenizer_class_from_name(name) if name else TokenizersBackend
+    tokenizer = tokenizer_class.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(out, save_jinja_files=False)
     special = {
         name: getattr(tokenizer, name)
