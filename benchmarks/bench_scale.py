@@ -8,7 +8,7 @@ written once into the cache). For each file, one after the other in fresh proces
 (``scale_runner.py``): draftwise's default path, then llama.cpp through llama-cpp-python (start-up
 and peak memory, and speeds when no ``llama-bench`` is given); with ``--llama-bench``, llama.cpp's
 speeds come from its own C++ tool (prefill of ``--prefill`` tokens, ``--decode`` tokens generated at
-depth 0 and ``--depth``). Both engines get 2 threads and a KV cache of about the same size.
+depth 0 and ``--depth``). Both engines get 2 threads and a KV cache of ``--n-ctx`` tokens.
 Prints one table with the ratios draftwise / llama.cpp and writes the figures as JSON.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True) -
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [python, str(RUNNER), engine, str(gguf), out.name, "--threads", str(args.threads),
                "--prefill", str(args.prefill), "--decode", str(args.decode), "--depth", str(args.depth),
-               "--kv-bytes", str(args.kv_bytes), "--n-ctx", str(args.n_ctx)] + ([] if speed else ["--no-speed"])
+               "--n-ctx", str(args.n_ctx)] + ([] if speed else ["--no-speed"])
         subprocess.run(cmd, check=True)
         return json.loads(Path(out.name).read_text())
 
@@ -86,7 +86,6 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--depth", type=int, default=2048)
     parser.add_argument("--n-ctx", type=int, default=4096)
-    parser.add_argument("--kv-bytes", type=int, default=256 << 20, help="draftwise's KV pool")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
@@ -95,7 +94,7 @@ def main() -> None:
     rows = [measure_file(spec, args) for spec in args.files.split(",")]
     today = datetime.date.today().isoformat()
     result = {"date": today, "cpu": cpu_signature(), "threads": args.threads, "command": " ".join(sys.argv),
-              "settings": {k: getattr(args, k) for k in ("prefill", "decode", "depth", "n_ctx", "kv_bytes")},
+              "settings": {k: getattr(args, k) for k in ("prefill", "decode", "depth", "n_ctx")},
               "files": rows}
     out = Path(args.out or HERE / "results" / f"scale-{today}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,10 +1,11 @@
 """One engine on one GGUF file in a fresh process: start-up, peak memory, prefill and decode speed.
 
-    python benchmarks/scale_runner.py draftwise GGUF RESULT.json [--kv-bytes N] [--threads 2]
+    python benchmarks/scale_runner.py draftwise GGUF RESULT.json [--n-ctx 4096] [--threads 2]
     .venv-llamacpp/bin/python benchmarks/scale_runner.py llamacpp GGUF RESULT.json ...
 
-``bench_scale.py`` starts it once per engine and file. Timed from the top of the process (imports
-included) to the model ready: ``startup_s``; then, on random token ids, greedy with EOS ignored:
+``bench_scale.py`` starts it once per engine and file. Each engine holds a KV cache of ``--n-ctx``
+tokens (draftwise: one sequence of ``max_model_len`` tokens). Timed from the top of the process
+(imports included) to the model ready: ``startup_s``; then, on random token ids, greedy with EOS ignored:
 ``prefill_tps`` (a ``--prefill``-token prompt), ``decode_tps`` (``--decode`` tokens after a
 16-token prompt) and ``decode_deep_tps`` (the same after ``--depth`` tokens of context).
 ``peak_rss_mb`` is the process's maximum resident set at the end. The llama.cpp side runs
@@ -28,8 +29,7 @@ from pathlib import Path  # noqa: E402
 def draftwise_engine(path: str, args):
     from draftwise import LLM, SamplingParams
 
-    llm = LLM(model=path, kv_cache_memory_bytes=args.kv_bytes, max_model_len=args.n_ctx,
-              enable_prefix_caching=False)
+    llm = LLM(model=path, max_model_len=args.n_ctx, max_num_seqs=1, enable_prefix_caching=False)
     ready = time.perf_counter()
     vocab = llm.llm_engine.hf_config.vocab_size
 
@@ -68,7 +68,6 @@ def main() -> None:
     parser.add_argument("engine", choices=("draftwise", "llamacpp"))
     parser.add_argument("gguf")
     parser.add_argument("out")
-    parser.add_argument("--kv-bytes", type=int, default=256 << 20)
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill", type=int, default=1024)

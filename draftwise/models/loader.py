@@ -49,7 +49,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_NAME = "google/gemma-3-270m"
 CACHE_ENV = "DRAFTWISE_CACHE"
 _DONE_MARK = ".draftwise-complete"
-_CACHE_FORMAT = 2  # 2: config and tokenizer only (1 also held a float32 copy of the weights)
+_CACHE_FORMAT = 2  # part of the cache key: raise it when what a cached directory holds changes
 _NO_NETWORK = "no network access at run time: pass a local path (HF directory or .gguf file)"
 
 

@@ -21,7 +21,7 @@ def fill_bitmask(executor: llguidance.LLExecutor,
     for _, first, drafts in entries:  # llguidance writes past the tensor otherwise
         if not 0 <= first or first + len(drafts) >= num_rows:
             raise ValueError(f"rows {first}..{first + len(drafts)} do not fit a {num_rows}-row bitmask")
-    import llguidance.torch  # here, not at import: it imports torch's compiler stack (~2 s)
+    import llguidance.torch  # here, not at import: it imports torch's compiler stack
 
     bitmask = torch.full(llguidance.torch.get_bitmask_shape(num_rows, vocab_size), -1, dtype=torch.int32)
     plain = [(matcher, first) for matcher, first, drafts in entries if not drafts]
