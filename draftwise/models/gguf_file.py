@@ -89,7 +89,7 @@ class GGUFFile:
                 part = out[start:start + info.num_rows]
                 _read_exactly(f, info.offset, memoryview(part.numpy()).cast("B"))
                 if self._permutation(info):
-                    part.copy_(self._unpermute(part.clone(), info))
+                    part.copy_(self._unpermute(part, info))  # the unpermuted rows are a new tensor
                 start += info.num_rows
         return out
 

@@ -16,8 +16,9 @@ file the weights stay in (``gguf_source``). Accepted values:
 * a local ``.gguf`` file.
 
 A GGUF file's weights are never converted: ``open_checkpoint`` reads them from the file
-(``gguf_file.py``). Only its config, generation config and tokenizer are written, once, by
-transformers' GGUF reader, into a small directory in the cache: ``$DRAFTWISE_CACHE`` or
+(``gguf_file.py``). Only its config (read from the header with transformers' GGUF tables,
+``gguf_config.py``), generation config and tokenizer (transformers' GGUF tokenizer converter) are
+written, once, into a small directory in the cache: ``$DRAFTWISE_CACHE`` or
 ``~/.cache/draftwise``, one subdirectory per GGUF keyed by a short hash of its resolved path,
 size and mtime. It is written into a temporary directory and renamed into place, so an
 interrupted run leaves no half cache and a later call finds a complete directory.
