@@ -58,9 +58,10 @@ def test_equals_the_files_weights_times_rounded_activations(qtype):
     assert ((out - product).norm() / product.norm()) < 0.01  # 8-bit activations
 
 
+@pytest.mark.parametrize("out_features", [40, 48])  # 48: interleaved where AVX512-VNNI runs
 @pytest.mark.parametrize("qtype", sorted(QTYPE_IDS))
-def test_a_rows_result_does_not_depend_on_its_batch(qtype):
-    layer, _ = _layer(qtype, out_features=40, in_features=256)
+def test_a_rows_result_does_not_depend_on_its_batch(qtype, out_features):
+    layer, _ = _layer(qtype, out_features=out_features, in_features=256)
     x = torch.randn(16, 256, generator=torch.Generator().manual_seed(2))
     alone = torch.cat([layer(x[i:i + 1]) for i in range(16)])
     for rows in (2, 3, 8, 9, 16):
@@ -111,7 +112,7 @@ def test_bundled_model_runs_on_its_blocks_close_to_fp32():
 
 @pytest.mark.parametrize("out_features", [24, 32])  # 32: interleaved 16 rows at a time where AVX512-VNNI runs
 @pytest.mark.parametrize("in_features", [576, 544, 608])  # last group: a pair, 1 unit, 3 units
-@pytest.mark.parametrize("qtype", REPACKED)
+@pytest.mark.parametrize("qtype", [t for t in REPACKED if not t.endswith("_K")])
 def test_repacked_rows_compute_the_files_weights(qtype, in_features, out_features):
     """Q4_0 / Q4_1 / Q5_0 / Q8_0 rows are repacked at load (their last partial group too where it
     is a pair; 16 rows interleaved where the CPU runs that kernel); at every row count the outputs
@@ -125,6 +126,27 @@ def test_repacked_rows_compute_the_files_weights(qtype, in_features, out_feature
     assert layer.packed and not torch.equal(layer.blocks, torch.from_numpy(blocks))
     for rows in (1, 3, 9):  # seeded: a value on an 8-bit rounding tie may round the other way in the reference
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+        as_stored = torch.ops.draftwise_cpu.gguf_linear(x, torch.from_numpy(blocks), layer.qtype_id, False, None)
+        exact = (_as_kernel_rounds(x).double() @ weight.t()).float()
+        tol = 1e-5 * exact.abs().max().item()
+        assert torch.allclose(layer(x), exact, rtol=1e-5, atol=tol)
+        assert torch.allclose(as_stored, exact, rtol=1e-5, atol=tol)
+
+
+@pytest.mark.parametrize("out_features", [24, 32, 64])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_rows_compute_the_files_weights(qtype, out_features):
+    """The k-quants are interleaved 16 rows at a time where AVX512-VNNI runs (their scales, mins
+    and high bits moved, never rounded) and kept as stored elsewhere; at every row count both
+    layouts equal the exact product of the file's weights with the rounded activations."""
+    rng = np.random.default_rng(4)
+    blocks = _random_k_blocks(qtype, out_features, 768, rng)
+    weight = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType[qtype])).double()
+    layer = GGUFLinear(torch.from_numpy(blocks), qtype)
+    if out_features % 16:
+        assert torch.equal(layer.blocks, torch.from_numpy(blocks))
+    for rows in (1, 3, 9):
+        x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows))
         as_stored = torch.ops.draftwise_cpu.gguf_linear(x, torch.from_numpy(blocks), layer.qtype_id, False, None)
         exact = (_as_kernel_rounds(x).double() @ weight.t()).float()
         tol = 1e-5 * exact.abs().max().item()

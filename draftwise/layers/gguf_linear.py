@@ -4,8 +4,8 @@ The weight is ``[out_features, row_bytes]`` uint8, each row the blocks of one ou
 exactly as the file stores them (types in ``QTYPE_IDS``: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the
 k-quants Q4_K, Q5_K, Q6_K that llama.cpp's common presets write). The C++ op
 ``draftwise_cpu::gguf_linear`` (``csrc/gguf_linear.cpp``) quantizes each activation row to
-8 bits per 32 values and takes integer dot products with the blocks (Q4_0, Q4_1, Q5_0 and Q8_0
-rows are first repacked, once, into the same bytes laid out for one SIMD load to feed two units),
+8 bits per 32 values and takes integer dot products with the blocks (every type but Q5_1 is first
+repacked, once, into the same bytes laid out for wide SIMD loads),
 so a step streams the file's bytes instead of a de-quantized copy 3-8x their size. Results are batch invariant:
 a row's output does not depend on the other rows of the call. Inputs of any float dtype;
 the output has the input's dtype (fp32 and bf16 are read and written as they are).
@@ -21,7 +21,9 @@ QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, 
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,  # bytes per block
                "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 BLOCK_SIZES = {name: 256 if name.endswith("_K") else 32 for name in QTYPE_IDS}  # weights per block
-REPACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")  # types whose rows are repacked at load (same bytes)
+# types whose rows are repacked at load (same bytes; the k-quants only where the CPU runs them
+# interleaved, 16 rows side by side, and as stored elsewhere)
+REPACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def available() -> bool:

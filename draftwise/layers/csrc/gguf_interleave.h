@@ -34,11 +34,13 @@ namespace draftwise_gguf {
 constexpr int64_t kBlockCols = 16;  // outputs per column block
 constexpr int64_t kBlockRows = 8;   // activation rows per pass over a block
 
-// Whether a weight of type T with this many outputs is stored interleaved when repacked.
+// Whether a weight of type T with this many outputs is stored interleaved when repacked (the
+// k-quants' layout: gguf_interleave_k.h).
 template <int64_t T>
 constexpr bool interleaved(int64_t out_features) {
 #if defined(DRAFTWISE_GGUF_INTERLEAVED)
-  return (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0) && out_features % kBlockCols == 0;
+  return (T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K) &&
+         out_features % kBlockCols == 0;
 #else
   (void)out_features;
   return false;

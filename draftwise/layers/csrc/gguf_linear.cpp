@@ -2,14 +2,14 @@
 //
 // W is [out_features, row_bytes] uint8: each row holds the blocks of one output feature exactly as
 // ggml-common.h lays them out (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: blocks of 32; Q4_K, Q5_K, Q6_K:
-// super-blocks of 256), or, for Q4_0, Q4_1, Q5_0 and Q8_0, repacked once at load (gguf_blocks.h). The
+// super-blocks of 256), or repacked once at load (gguf_blocks.h, gguf_interleave.h, gguf_interleave_k.h). The
 // kernel walks a row in units of 32 weights; a unit is its block's codes u (unsigned; Q8_0's are
 // signed bytes) with a scale and an offset per half of 16, so that w_i = scale * u_i + offset (Q4_0's
 // -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each activation row is quantized once per
 // call to 8 bits per 32 values (gguf_act.h), and an output sums, per half unit, d * scale * (integer
-// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, Q4_0 / Q4_1 / Q5_0 / Q8_0 weights
-// whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h), other repacked
-// rows and Q4_K run on gguf_dot_avx512.h; everything else on AVX2 (gguf_dot_avx2.h) or scalar code
+// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, weights of every type but Q5_1
+// whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h, gguf_interleave_k.h),
+// other repacked rows and Q4_K run on gguf_dot_avx512.h; everything else on AVX2 (gguf_dot_avx2.h) or scalar code
 // (the library is built with -march=native on the machine that runs it).
 //
 // Threads split the output features. The unpacked weights of a group are used for a tile of
@@ -19,7 +19,7 @@
 #include "gguf_linear.h"
 
 #include "gguf_dot_avx512.h"
-#include "gguf_interleave.h"
+#include "gguf_interleave_k.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -56,14 +56,18 @@ struct Output {
 template <int64_t T>
 void run_interleaved(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act,
                      int64_t num_rows, const Output& y) {
-  const int64_t block_bytes = kBlockCols * num_units * Layout<T>::bytes;
+  const int64_t block_bytes = kBlockCols * num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
   at::parallel_for(0, out_features / kBlockCols, 1, [&](int64_t begin, int64_t end) {
     float tile[kBlockRows * kBlockCols];
     for (int64_t b = begin; b < end; ++b)
       for (int64_t m0 = 0; m0 < num_rows; m0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, num_rows - m0);
-        dot_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+        if constexpr (is_k_quant<T>()) {
+          dot_k_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+        } else {
+          dot_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+        }
         for (int64_t m = 0; m < rows; ++m)
           for (int64_t c = 0; c < kBlockCols; ++c) {
             const int64_t n = b * kBlockCols + c;
@@ -82,6 +86,9 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
     if (interleaved<T>(out_features)) return run_interleaved<T>(weight, out_features, num_units, act, num_rows, y);
   }
 #endif
+  if constexpr (kPacked && is_k_quant<T>()) {  // not interleaved: gguf_repack kept the file's rows
+    return run<T, false>(weight, out_features, num_units, act, num_rows, y);
+  }
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
 #if defined(DRAFTWISE_GGUF_ZMM)
@@ -130,13 +137,15 @@ int64_t row_bytes_of(int64_t in_features) {
 // f.template operator()<T, kPacked>() for the type id and layout.
 template <typename F>
 void dispatch(int64_t qtype, bool packed, F&& f) {
-  TORCH_CHECK(!packed || qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ5_0 || qtype == kQ8_0,
-              "gguf_linear: GGUF type id ", qtype, " has no repacked layout");
+  TORCH_CHECK(!packed || qtype != kQ5_1, "gguf_linear: GGUF type id ", qtype, " has no repacked layout");
   switch (packed ? -qtype : qtype) {
     case -kQ4_0: return f.template operator()<kQ4_0, true>();
     case -kQ4_1: return f.template operator()<kQ4_1, true>();
     case -kQ5_0: return f.template operator()<kQ5_0, true>();
     case -kQ8_0: return f.template operator()<kQ8_0, true>();
+    case -kQ4_K: return f.template operator()<kQ4_K, true>();
+    case -kQ5_K: return f.template operator()<kQ5_K, true>();
+    case -kQ6_K: return f.template operator()<kQ6_K, true>();
     case kQ4_0: return f.template operator()<kQ4_0, false>();
     case kQ4_1: return f.template operator()<kQ4_1, false>();
     case kQ5_0: return f.template operator()<kQ5_0, false>();

@@ -1,9 +1,9 @@
 // draftwise_cpu::gguf_repack: a GGUF weight's rows in the repacked layout gguf_blocks.h describes
 // (Q4_0, Q4_1, Q5_0, Q8_0), or interleaved 16 rows at a time where gguf_interleave.h's kernel runs
-// them, done once at load; gguf_linear reads them with `packed=True`. Same shape and
+// them (the k-quants too, gguf_interleave_k.h; elsewhere they keep the file's layout), done once at load; gguf_linear reads them with `packed=True`. Same shape and
 // bytes per row; the values the kernel computes from either layout are identical.
 #include "gguf_blocks.h"
-#include "gguf_interleave.h"
+#include "gguf_interleave_k.h"
 
 #include <ATen/Functions.h>
 #include <ATen/Parallel.h>
@@ -37,15 +37,31 @@ void repack_group(const uint8_t* src, int64_t n, uint8_t* dst) {
 }
 
 template <int64_t T>
+void repack_rows(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes);
+
+template <int64_t T>
 void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
-  const int64_t num_units = row_bytes / Layout<T>::bytes, group_bytes = kGroup * Layout<T>::bytes;
-  if (interleaved<T>(rows)) {  // 16 rows side by side (gguf_interleave.h)
+  const int64_t num_units = row_bytes / Layout<T>::bytes;
+  if (interleaved<T>(rows)) {  // 16 rows side by side (gguf_interleave.h, gguf_interleave_k.h)
     at::parallel_for(0, rows / kBlockCols, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b)
-        interleave_block<T>(w + b * kBlockCols * row_bytes, row_bytes, num_units, out + b * kBlockCols * row_bytes);
+      for (int64_t b = begin; b < end; ++b) {
+        const uint8_t* src = w + b * kBlockCols * row_bytes;
+        uint8_t* dst = out + b * kBlockCols * row_bytes;
+        if constexpr (is_k_quant<T>()) {
+          interleave_k_block<T>(src, row_bytes, num_units, dst);
+        } else {
+          interleave_block<T>(src, row_bytes, num_units, dst);
+        }
+      }
     });
     return;
   }
+  if constexpr (!is_k_quant<T>()) repack_rows<T>(w, out, rows, row_bytes);
+}
+
+template <int64_t T>
+void repack_rows(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
+  const int64_t num_units = row_bytes / Layout<T>::bytes, group_bytes = kGroup * Layout<T>::bytes;
   const int64_t num_groups = num_units / kGroup, tail = repacked_units<T>(num_units) - num_groups * kGroup;
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -62,13 +78,18 @@ void repack(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes) {
 at::Tensor gguf_repack(const at::Tensor& weight, int64_t qtype) {  // [out_features, row_bytes] uint8
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte, "gguf_repack: weight must be 2-D uint8");
   const at::Tensor w = weight.contiguous();
-  at::Tensor out = at::empty_like(w);
   const int64_t rows = w.size(0), row_bytes = w.size(1);
+  const bool k_quant = qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K;
+  if (k_quant && !interleaved<kQ4_K>(rows)) return w;  // the k-quants' only other layout is the file's
+  at::Tensor out = at::empty_like(w);
   switch (qtype) {
     case kQ4_0: repack<kQ4_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     case kQ4_1: repack<kQ4_1>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     case kQ5_0: repack<kQ5_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     case kQ8_0: repack<kQ8_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ4_K: repack<kQ4_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ5_K: repack<kQ5_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ6_K: repack<kQ6_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
     default: TORCH_CHECK(false, "gguf_repack: GGUF type id ", qtype, " has no repacked layout");
   }
   return out;
