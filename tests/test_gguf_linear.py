@@ -27,15 +27,20 @@ def _random_k_blocks(qtype: str, out_features: int, in_features: int, rng) -> np
     return raw.reshape(out_features, -1)
 
 
+def _blocks(qtype: str, out_features: int, in_features: int, seed: int) -> np.ndarray:  # [out, row_bytes]
+    """Random weights in ``qtype`` as a file stores them."""
+    rng = np.random.default_rng(seed)
+    if qtype.endswith("_K"):
+        return _random_k_blocks(qtype, out_features, in_features, rng)
+    weights = rng.standard_normal((out_features, in_features)).astype(np.float32)
+    return quants.quantize(weights, GGMLQuantizationType[qtype])
+
+
 def _layer(qtype: str, out_features: int = 48, in_features: int = 512, seed: int = 0):
     """(GGUFLinear over random weights in ``qtype``, their de-quantized [out, in] fp32 weights by gguf)."""
-    rng = np.random.default_rng(seed)
-    kind = GGMLQuantizationType[qtype]
-    if qtype.endswith("_K"):
-        blocks = _random_k_blocks(qtype, out_features, in_features, rng)
-    else:
-        blocks = quants.quantize(rng.standard_normal((out_features, in_features)).astype(np.float32), kind)
-    return GGUFLinear(torch.from_numpy(blocks), qtype), torch.from_numpy(quants.dequantize(blocks, kind))
+    blocks = _blocks(qtype, out_features, in_features, seed)
+    weight = quants.dequantize(blocks, GGMLQuantizationType[qtype])
+    return GGUFLinear(torch.from_numpy(blocks), qtype), torch.from_numpy(weight)
 
 
 def _as_kernel_rounds(x: torch.Tensor) -> torch.Tensor:  # [rows, in]
@@ -152,3 +157,21 @@ def test_k_quant_rows_compute_the_files_weights(qtype, out_features):
         tol = 1e-5 * exact.abs().max().item()
         assert torch.allclose(layer(x), exact, rtol=1e-5, atol=tol)
         assert torch.allclose(as_stored, exact, rtol=1e-5, atol=tol)
+
+
+@pytest.mark.parametrize("rows", [(32, 16, 16), (24, 8)])  # whole 16-row blocks per part, or not
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "Q6_K", "Q5_1"])
+def test_a_fused_projections_parts_compute_as_their_rows_concatenated(qtype, rows):
+    """A fused projection is laid out part by part into one buffer (each part straight from the
+    file's mapping); it computes exactly what the concatenated rows do."""
+    parts = [torch.from_numpy(_blocks(qtype, n, 512, seed)) for seed, n in enumerate(rows)]
+    fused, whole = GGUFLinear(parts, qtype), GGUFLinear(torch.cat(parts), qtype)
+    assert fused.out_features == sum(rows) and torch.equal(fused.blocks, whole.blocks)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(fused(x), whole(x))
+
+
+def test_a_weight_in_the_files_layout_is_used_in_place():
+    """Q5_1 has no other layout: its rows are the file's own bytes, not a copy."""
+    blocks = torch.from_numpy(_blocks("Q5_1", 32, 256, 6))
+    assert GGUFLinear([blocks], "Q5_1").blocks.data_ptr() == blocks.data_ptr()

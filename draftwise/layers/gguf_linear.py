@@ -32,24 +32,46 @@ def available() -> bool:
 
 
 class GGUFLinear(nn.Module):
-    def __init__(self, blocks: torch.Tensor,  # [out_features, in_features / BLOCK_SIZES * BLOCK_BYTES] uint8
+    """``blocks``: one ``[out_features, row_bytes]`` uint8 tensor, or the parts of a fused projection
+    (tensors of one type and row length, their rows one after the other). They may be read-only
+    views of the file: a weight whose kernel layout is the file's is used in place, any other is
+    written once into its layout in a buffer of the same size."""
+
+    def __init__(self, blocks: torch.Tensor | list[torch.Tensor],  # [out, in / BLOCK_SIZES * BLOCK_BYTES] uint8
                  qtype: str, bias: torch.Tensor | None = None):
         super().__init__()
         if not available():
             raise RuntimeError("GGUFLinear needs draftwise's C++ CPU kernels, which did not build here")
         if qtype not in QTYPE_IDS:
             raise ValueError(f"GGUF type {qtype!r} has no kernel; supported: {sorted(QTYPE_IDS)}")
-        if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % BLOCK_BYTES[qtype]:
-            raise ValueError(f"{qtype} blocks must be a [out, k * {BLOCK_BYTES[qtype]}] uint8 tensor, "
-                             f"got {tuple(blocks.shape)} {blocks.dtype}")
+        parts = [blocks] if isinstance(blocks, torch.Tensor) else list(blocks)
+        for part in parts:
+            if (part.dtype != torch.uint8 or part.dim() != 2 or part.shape[1] % BLOCK_BYTES[qtype]
+                    or part.shape[1] != parts[0].shape[1]):
+                raise ValueError(f"{qtype} blocks must be [out, k * {BLOCK_BYTES[qtype]}] uint8 tensors of one "
+                                 f"row length, got {tuple(part.shape)} {part.dtype}")
         self.qtype, self.qtype_id = qtype, QTYPE_IDS[qtype]
-        self.out_features = blocks.shape[0]
-        self.in_features = blocks.shape[1] // BLOCK_BYTES[qtype] * BLOCK_SIZES[qtype]
+        self.out_features = sum(part.shape[0] for part in parts)
+        self.in_features = parts[0].shape[1] // BLOCK_BYTES[qtype] * BLOCK_SIZES[qtype]
         self.packed = qtype in REPACKED  # rows rewritten once for SIMD loads (csrc/gguf_blocks.h)
-        if self.packed:
-            blocks = torch.ops.draftwise_cpu.gguf_repack(blocks, self.qtype_id)
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.register_buffer("blocks", self._layout(parts), persistent=False)
         self.bias = bias
+
+    def _layout(self, parts: list[torch.Tensor]) -> torch.Tensor:  # [out_features, row_bytes] uint8
+        """The rows in the kernel's layout: repacked part by part into one buffer where each part
+        keeps whole 16-row blocks (the interleaved layout's unit), else as one tensor."""
+        if not self.packed:
+            return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+        if len(parts) > 1 and any(part.shape[0] % 16 for part in parts):
+            parts = [torch.cat(parts)]
+        if len(parts) == 1:
+            return torch.ops.draftwise_cpu.gguf_repack(parts[0], self.qtype_id)
+        out = torch.empty(self.out_features, parts[0].shape[1], dtype=torch.uint8)
+        start = 0
+        for part in parts:
+            torch.ops.draftwise_cpu.gguf_repack(part, self.qtype_id, out[start:start + part.shape[0]])
+            start += part.shape[0]
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if x.dim() == 2:

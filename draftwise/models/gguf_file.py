@@ -5,8 +5,8 @@ the header (``gguf_header.py``) and maps each Hugging Face parameter name
 (``model.layers.0.self_attn.q_proj.weight``) to its GGUF tensor (``blk.0.attn_q.weight``) with
 gguf's own name tables. It serves three readers:
 
-* ``blocks(name)``: the tensor's bytes as ``[rows, row_bytes]`` uint8 and its ggml type, read
-  into a fresh buffer (the quantized rows a ``GGUFLinear`` runs on);
+* ``blocks(*names)``: the tensors' bytes as ``[rows, row_bytes]`` uint8 views of a private
+  mapping of the file (the quantized rows a ``GGUFLinear`` runs on, or repacks from);
 * ``table(name)``: the same bytes as a read-only mapping of the file, for an embedding table
   that de-quantizes only the rows it looks up (``GGUFEmbedding``);
 * ``read(name, dim, start, end)``: the tensor de-quantized to fp32 (gguf's kernels), whole or
@@ -19,6 +19,8 @@ bytes are never touched), and Gemma's norm weights as ``1 + w``.
 """
 from __future__ import annotations
 
+import mmap
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,12 @@ def _read_exactly(f, offset: int, view: memoryview) -> None:
         if not count:
             raise ValueError(f"{f.name}: the file ends inside a tensor (truncated download?)")
         done += count
+
+
+def _page_span(offset: int, length: int) -> tuple[int, int]:
+    """(start, length) of the whole pages covering ``length`` bytes from ``offset``."""
+    start = offset - offset % mmap.PAGESIZE
+    return start, offset + length - start
 
 
 class GGUFFile:
@@ -76,22 +84,28 @@ class GGUFFile:
     def qtype(self, name: str) -> str:
         return self._info(name).qtype
 
-    def blocks(self, *names: str) -> torch.Tensor:  # [rows, row_bytes] uint8, rows in Hugging Face order
-        """The rows of ``names`` (tensors of one type and row length) one after the other, read
-        from the file straight into one buffer (a fused projection's parts need no copy)."""
+    def blocks(self, *names: str) -> list[torch.Tensor]:  # each [rows, row_bytes] uint8, Hugging Face order
+        """The rows of each of ``names`` (tensors of one type and row length) as views of the file's
+        bytes (a private mapping: nothing is read until used, nothing written reaches the file), or,
+        for rows llama.cpp permuted, a copy in Hugging Face's order."""
         infos = [self._info(name) for name in names]
-        out = torch.empty(sum(i.num_rows for i in infos), infos[0].row_bytes, dtype=torch.uint8)
-        start = 0
-        with open(self.path, "rb", buffering=0) as f:
-            for info in infos:
-                if (info.qtype, info.row_bytes) != (infos[0].qtype, infos[0].row_bytes):
-                    raise ValueError(f"{info.name} ({info.qtype}) cannot share rows with {infos[0].name}")
-                part = out[start:start + info.num_rows]
-                _read_exactly(f, info.offset, memoryview(part.numpy()).cast("B"))
-                if self._permutation(info):
-                    part.copy_(self._unpermute(part, info))  # the unpermuted rows are a new tensor
-                start += info.num_rows
-        return out
+        parts = []
+        for info in infos:
+            if (info.qtype, info.row_bytes) != (infos[0].qtype, infos[0].row_bytes):
+                raise ValueError(f"{info.name} ({info.qtype}) cannot share rows with {infos[0].name}")
+            self._mapping.madvise(mmap.MADV_WILLNEED, *_page_span(info.offset, info.num_bytes))
+            rows = self._bytes[info.offset:info.offset + info.num_bytes].view(info.num_rows, info.row_bytes)
+            parts.append(self._unpermute(rows, info) if self._permutation(info) else rows)
+        return parts
+
+    @cached_property
+    def _mapping(self) -> mmap.mmap:
+        with open(self.path, "rb") as f:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    @cached_property
+    def _bytes(self) -> torch.Tensor:  # [file size] uint8 over the mapping
+        return torch.frombuffer(self._mapping, dtype=torch.uint8)
 
     def table(self, name: str) -> np.ndarray:  # [rows, row_bytes] uint8, read-only mapping of the file
         info = self._info(name)

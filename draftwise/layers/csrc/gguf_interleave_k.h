@@ -40,11 +40,62 @@ constexpr int64_t k_codes_at() { return T == kQ6_K ? 32 + 256 : 64 + 192; }
 template <int64_t T>
 constexpr int64_t k_unit_bytes() { return T == kQ4_K ? 256 : T == kQ5_K ? 320 : 384; }
 
-// One unit's 32 four-bit codes (the low 4 bits of `u`) of row c -> its bytes of the 4 code chunks.
-inline void put_nibbles(const uint8_t* u, int64_t c, uint8_t* chunks) {
-  for (int64_t p = 0; p < 4; ++p)
-    for (int64_t j = 0; j < 4; ++j)
-      chunks[64 * p + 4 * c + j] = static_cast<uint8_t>((u[4 * p + j] & 0xF) | ((u[16 + 4 * p + j] & 0xF) << 4));
+// Word p (bytes 4p .. 4p + 3) of 16 bytes.
+inline uint32_t word_at(const uint8_t* p, int64_t i) {
+  uint32_t w;
+  std::memcpy(&w, p + 4 * i, 4);
+  return w;
+}
+
+// A unit's four-bit codes of row c, as words: lo[p] holds weights 4p .. 4p + 3, hi[p] weights
+// 16 + 4p .. 19 + 4p (a code per byte, 0-15) -> the unit's 4 code chunks.
+inline void put_nibbles(const uint32_t* lo, const uint32_t* hi, int64_t c, uint8_t* unit) {
+  for (int64_t p = 0; p < 4; ++p) {
+    const uint32_t pairs = lo[p] | (hi[p] << 4);
+    std::memcpy(unit + 64 * p + 4 * c, &pairs, 4);
+  }
+}
+
+// Row c's super-block `b` -> its bytes of the segment `seg` (zeroed beforehand). Word-wide bit
+// operations on the file's bytes: a code never crosses its byte.
+template <int64_t T>
+void interleave_k_row(const uint8_t* b, int64_t c, uint8_t* seg) {
+  constexpr uint32_t kLow4 = 0x0F0F0F0F;
+  if (T == kQ6_K) {
+    std::memcpy(seg + 2 * c, b + 208, 2);
+    for (int64_t k = 0; k < 16; ++k) seg[32 + 16 * k + c] = b[192 + k];
+  } else {
+    std::memcpy(seg + 2 * c, b, 2);
+    std::memcpy(seg + 32 + 2 * c, b + 2, 2);
+    for (int64_t k = 0; k < 12; ++k) seg[64 + 16 * k + c] = b[4 + k];
+  }
+  for (int64_t s = 0; s < 8; ++s) {
+    uint8_t* unit = seg + k_codes_at<T>() + s * k_unit_bytes<T>();
+    const uint8_t* q = T == kQ6_K ? b + 64 * (s / 4) + (s % 2) * 32 : b + (T == kQ5_K ? 48 : 16) + (s / 2) * 32;
+    const int shift = T == kQ6_K ? ((s % 4) >= 2 ? 4 : 0) : 4 * (s % 2);  // which nibble of q
+    uint32_t lo[4], hi[4];
+    for (int64_t p = 0; p < 4; ++p) lo[p] = (word_at(q, p) >> shift) & kLow4, hi[p] = (word_at(q, 4 + p) >> shift) & kLow4;
+    put_nibbles(lo, hi, c, unit);
+    if (T == kQ6_K) {  // high 2 bits of weight i: bits 2k of qh[i]; byte j of a word gathers 4p + j over p
+      const uint8_t* qh = b + 128 + 32 * (s / 4);
+      const int high_shift = 2 * (s % 4);
+      uint32_t out_lo = 0, out_hi = 0;
+      for (int64_t p = 0; p < 4; ++p) {
+        out_lo |= ((word_at(qh, p) >> high_shift) & 0x03030303) << (2 * p);
+        out_hi |= ((word_at(qh, 4 + p) >> high_shift) & 0x03030303) << (2 * p);
+      }
+      std::memcpy(unit + 256 + 4 * c, &out_lo, 4);
+      std::memcpy(unit + 320 + 4 * c, &out_hi, 4);
+    }
+    if (T == kQ5_K) {  // high bit of weight i: bit s of qh[i]; 4 of them to 4 adjacent mask bits
+      uint64_t* masks = reinterpret_cast<uint64_t*>(unit + 256);
+      const auto four_bits = [&](uint32_t w) {
+        w = (w >> s) & 0x01010101;
+        return static_cast<uint64_t>((w | (w >> 7) | (w >> 14) | (w >> 21)) & 0xF) << (4 * c);
+      };
+      for (int64_t p = 0; p < 4; ++p) masks[2 * p] |= four_bits(word_at(b + 16, p)), masks[2 * p + 1] |= four_bits(word_at(b + 16, 4 + p));
+    }
+  }
 }
 
 // One column block of a k-quant: 16 file rows of num_blocks super-blocks each -> the interleaved block.
@@ -54,37 +105,7 @@ void interleave_k_block(const uint8_t* src, int64_t row_bytes, int64_t num_block
   for (int64_t sb = 0; sb < num_blocks; ++sb) {
     uint8_t* seg = dst + sb * kBlockCols * B;
     std::memset(seg, 0, kBlockCols * B);
-    for (int64_t c = 0; c < kBlockCols; ++c) {
-      const uint8_t* b = src + c * row_bytes + sb * B;
-      if (T == kQ6_K) {
-        std::memcpy(seg + 2 * c, b + 208, 2);
-        for (int64_t k = 0; k < 16; ++k) seg[32 + 16 * k + c] = b[192 + k];
-      } else {
-        std::memcpy(seg + 2 * c, b, 2);
-        std::memcpy(seg + 32 + 2 * c, b + 2, 2);
-        for (int64_t k = 0; k < 12; ++k) seg[64 + 16 * k + c] = b[4 + k];
-      }
-      for (int64_t s = 0; s < 8; ++s) {
-        WeightUnit w;
-        unpack<T>(b, s, &w);
-        uint8_t* unit = seg + k_codes_at<T>() + s * k_unit_bytes<T>();
-        put_nibbles(w.u, c, unit);
-        if (T == kQ5_K) {
-          uint64_t* masks = reinterpret_cast<uint64_t*>(unit + 256);
-          for (int64_t p = 0; p < 4; ++p)
-            for (int64_t j = 0; j < 4; ++j) {
-              masks[2 * p] |= static_cast<uint64_t>(w.u[4 * p + j] >> 4) << (4 * c + j);
-              masks[2 * p + 1] |= static_cast<uint64_t>(w.u[16 + 4 * p + j] >> 4) << (4 * c + j);
-            }
-        }
-        if (T == kQ6_K)
-          for (int64_t p = 0; p < 4; ++p)
-            for (int64_t j = 0; j < 4; ++j) {
-              unit[256 + 4 * c + j] |= static_cast<uint8_t>((w.u[4 * p + j] >> 4) << (2 * p));
-              unit[320 + 4 * c + j] |= static_cast<uint8_t>((w.u[16 + 4 * p + j] >> 4) << (2 * p));
-            }
-      }
-    }
+    for (int64_t c = 0; c < kBlockCols; ++c) interleave_k_row<T>(src + c * row_bytes + sb * B, c, seg);
   }
 }
 

@@ -75,21 +75,30 @@ void repack_rows(const uint8_t* w, uint8_t* out, int64_t rows, int64_t row_bytes
   });
 }
 
-at::Tensor gguf_repack(const at::Tensor& weight, int64_t qtype) {  // [out_features, row_bytes] uint8
+// The weight's rows in the layout gguf_linear reads with packed=True: written into `out` where given
+// (the rows of a fused projection, part by part), else into a new tensor, or `weight` itself where
+// that layout is the file's (a k-quant on a CPU without the interleaved kernel).
+at::Tensor gguf_repack(const at::Tensor& weight,  // [rows, row_bytes] uint8, as the file stores them
+                       int64_t qtype, const c10::optional<at::Tensor>& out_arg) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kByte, "gguf_repack: weight must be 2-D uint8");
   const at::Tensor w = weight.contiguous();
   const int64_t rows = w.size(0), row_bytes = w.size(1);
+  const bool given = out_arg.has_value() && out_arg->defined();
+  TORCH_CHECK(!given || (out_arg->sizes() == w.sizes() && out_arg->is_contiguous() &&
+                         out_arg->scalar_type() == at::kByte), "gguf_repack: out must be a contiguous tensor like weight");
   const bool k_quant = qtype == kQ4_K || qtype == kQ5_K || qtype == kQ6_K;
-  if (k_quant && !interleaved<kQ4_K>(rows)) return w;  // the k-quants' only other layout is the file's
-  at::Tensor out = at::empty_like(w);
+  if (k_quant && !interleaved<kQ4_K>(rows)) return given ? out_arg->copy_(w) : w;  // the file's layout
+  at::Tensor out = given ? *out_arg : at::empty_like(w);
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
   switch (qtype) {
-    case kQ4_0: repack<kQ4_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ4_1: repack<kQ4_1>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ5_0: repack<kQ5_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ8_0: repack<kQ8_0>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ4_K: repack<kQ4_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ5_K: repack<kQ5_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
-    case kQ6_K: repack<kQ6_K>(w.data_ptr<uint8_t>(), out.data_ptr<uint8_t>(), rows, row_bytes); break;
+    case kQ4_0: repack<kQ4_0>(src, dst, rows, row_bytes); break;
+    case kQ4_1: repack<kQ4_1>(src, dst, rows, row_bytes); break;
+    case kQ5_0: repack<kQ5_0>(src, dst, rows, row_bytes); break;
+    case kQ8_0: repack<kQ8_0>(src, dst, rows, row_bytes); break;
+    case kQ4_K: repack<kQ4_K>(src, dst, rows, row_bytes); break;
+    case kQ5_K: repack<kQ5_K>(src, dst, rows, row_bytes); break;
+    case kQ6_K: repack<kQ6_K>(src, dst, rows, row_bytes); break;
     default: TORCH_CHECK(false, "gguf_repack: GGUF type id ", qtype, " has no repacked layout");
   }
   return out;
@@ -97,6 +106,6 @@ at::Tensor gguf_repack(const at::Tensor& weight, int64_t qtype) {  // [out_featu
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) { m.def("gguf_repack(Tensor weight, int qtype) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) { m.def("gguf_repack(Tensor weight, int qtype, Tensor(a!)? out=None) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(draftwise_cpu, CPU, m) { m.impl("gguf_repack", gguf_repack); }
