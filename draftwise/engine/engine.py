@@ -56,7 +56,7 @@ from ..metrics.reader import Metric
 from ..metrics.recorder import StatsRecorder
 from ..models.generation_config import sampling_defaults
 from ..models.loader import SMOLLM2_NAME, resolve_model
-from ..models.registry import build_model, load_config
+from ..models.registry import build_model, load_blocks_ahead, load_config
 from ..models.shard_layout import check_divisible
 from ..outputs import RequestOutput
 from ..paged import KVPool, PagedModel
@@ -91,19 +91,22 @@ class LLMEngine:
         self.config = config
         path = resolve_model(config.model)
         config.model_path = path
+        extra = config.additional_config or {}
+        self.gguf_weights = extra.get("gguf_weights", config.default_gguf_weights)
+        blocks = load_blocks_ahead(path, device=config.torch_device, world_size=config.tensor_parallel_size,
+                                   gguf_weights=self.gguf_weights, gguf_int4=extra.get("gguf_int4", False),
+                                   quantization=config.quantization)  # while the config and tokenizer load
         self.hf_config = load_config(path)
         check_divisible(self.hf_config, config.tensor_parallel_size)  # before anything else is resolved
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
         self.max_model_len = resolve_max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
-        extra = config.additional_config or {}
         self.executor = start_tensor_parallel(config, self.max_model_len)  # None: one rank
         if self.executor is not None:
             weakref.finalize(self, self.executor.shutdown)
-        self.gguf_weights = extra.get("gguf_weights", config.default_gguf_weights)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
                             gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group,
-                            gguf_weights=self.gguf_weights, quantization=config.quantization)
+                            gguf_weights=self.gguf_weights, quantization=config.quantization, blocks=blocks)
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
         self.speculator = self._make_speculator(model) if config.speculative else None

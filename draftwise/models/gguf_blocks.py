@@ -11,11 +11,17 @@ float weight exists, and swaps in what the file holds:
 * the embedding for a ``GGUFEmbedding`` over a mapping of the file (rows de-quantized when
   looked up).
 
+The linears need only the file, not the model: ``BlockLoader`` makes them in a background
+thread (the C++ repack runs without the GIL) while the engine reads the config and tokenizer,
+and ``apply_gguf_blocks`` takes them from it. Once a weight is repacked into its own buffer,
+its pages of the file mapping are dropped from the process (the page cache keeps them).
+
 What stays on meta (norms, biases, a projection or head of a type the kernel does not run) is
 loaded as floats afterwards by the caller. No float copy of a swapped weight is ever made.
-Returns the number of linears swapped.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import nn
@@ -29,39 +35,83 @@ _FUSED = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
-def _fused(gguf: GGUFFile, names: list[str], bias: torch.Tensor | None) -> nn.Module:
+def _linear(gguf: GGUFFile, names: list[str]) -> GGUFLinear:
+    """One ``GGUFLinear`` over the rows of ``names``; the file's pages are released if it copied them."""
+    linear = GGUFLinear(gguf.blocks(*names), gguf.qtype(names[0]))
+    if not gguf.is_mapped(linear.blocks):
+        gguf.release(*names)
+    return linear
+
+
+def _fused(gguf: GGUFFile, names: list[str]) -> nn.Module:
     """One module for a fused projection of the tensors ``names``: one ``GGUFLinear`` over their
     rows where they share a type, side by side otherwise."""
-    qtypes = [gguf.qtype(name) for name in names]
-    if len(set(qtypes)) == 1:
-        return GGUFLinear(gguf.blocks(*names), qtypes[0], bias)
-    return ConcatLinear([GGUFLinear(gguf.blocks(name), qtype) for name, qtype in zip(names, qtypes)], bias)
+    if len({gguf.qtype(name) for name in names}) == 1:
+        return _linear(gguf, names)
+    return ConcatLinear([_linear(gguf, [name]) for name in names])
 
 
 def _on_blocks(gguf: GGUFFile, names: list[str]) -> bool:
     return all(name in gguf and gguf.qtype(name) in QTYPE_IDS for name in names)
 
 
-def _swap_layer(layer: nn.Module, gguf: GGUFFile, prefix: str) -> int:
-    swapped = 0
+def _layer_linears(gguf: GGUFFile, index: int) -> dict[str, nn.Module]:
+    """Layer ``index``'s projections the kernel runs, by module name (no bias yet)."""
+    linears = {}
     for module, parts in _FUSED.items():
-        names = [f"{prefix}{part}.weight" for part in parts]
-        if not _on_blocks(gguf, names):
-            continue
-        bias = None
-        if getattr(layer, module).bias is not None:
-            bias = torch.cat([gguf.read(f"{prefix}{part}.bias") for part in parts])
-        setattr(layer, module, _fused(gguf, names, bias))
-        swapped += 1
-    return swapped
+        names = [f"model.layers.{index}.{part}.weight" for part in parts]
+        if _on_blocks(gguf, names):
+            linears[module] = _fused(gguf, names)
+    return linears
 
 
-def apply_gguf_blocks(model, gguf: GGUFFile) -> int:
-    swapped = sum(_swap_layer(layer, gguf, f"model.layers.{i}.") for i, layer in enumerate(model.layers))
+def _head_linear(gguf: GGUFFile) -> GGUFLinear | None:
     head = HEAD if HEAD in gguf else EMBED
+    return _linear(gguf, [head]) if _on_blocks(gguf, [head]) else None
+
+
+def _all_linears(gguf: GGUFFile, num_layers: int) -> tuple[list[dict[str, nn.Module]], GGUFLinear | None]:
+    return [_layer_linears(gguf, i) for i in range(num_layers)], _head_linear(gguf)
+
+
+class BlockLoader:
+    """Every layer's and the head's ``GGUFLinear``, made from ``gguf`` in a background thread."""
+
+    def __init__(self, gguf: GGUFFile, num_layers: int):
+        self.gguf, self.num_layers = gguf, num_layers
+        self._result, self._error = None, None
+        self._thread = threading.Thread(target=self._run, name="draftwise-gguf-blocks", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = _all_linears(self.gguf, self.num_layers)
+        except BaseException as error:  # re-raised in the caller's thread by result()
+            self._error = error
+
+    def result(self) -> tuple[list[dict[str, nn.Module]], GGUFLinear | None]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+def apply_gguf_blocks(model, gguf: GGUFFile, loader: BlockLoader | None = None) -> int:
+    """Swap the file's blocks into ``model`` (from ``loader`` where one made them); returns how
+    many linears were swapped."""
+    if loader is not None and loader.num_layers != len(model.layers):
+        raise ValueError(f"the GGUF has {loader.num_layers} layers, the model {len(model.layers)}")
+    layers, head = loader.result() if loader is not None else _all_linears(gguf, len(model.layers))
+    swapped = 0
+    for i, (layer, linears) in enumerate(zip(model.layers, layers)):
+        for module, linear in linears.items():
+            if getattr(layer, module).bias is not None:
+                linear.bias = torch.cat([gguf.read(f"model.layers.{i}.{part}.bias") for part in _FUSED[module]])
+            setattr(layer, module, linear)
+            swapped += 1
     hidden = model.config.hidden_size
-    if _on_blocks(gguf, [head]):
-        model.lm_head = GGUFLinear(gguf.blocks(head), gguf.qtype(head))
+    if head is not None:
+        model.lm_head = head
         swapped += 1
     elif model.lm_head is None:  # tied to a table the kernel does not run: a float head, loaded as HEAD
         with torch.device("meta"):

@@ -98,6 +98,18 @@ class GGUFFile:
             parts.append(self._unpermute(rows, info) if self._permutation(info) else rows)
         return parts
 
+    def is_mapped(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a view of this file's mapping (its pages must then stay mapped)."""
+        return tensor.untyped_storage().data_ptr() == self._bytes.untyped_storage().data_ptr()
+
+    def release(self, *names: str) -> None:
+        """Drop the mapped pages of ``names`` from this process once a copy has replaced them (the
+        page cache keeps them; a later read of the mapping, e.g. a page shared with a neighbour
+        used in place, faults them back in unchanged)."""
+        for name in names:
+            info = self._info(name)
+            self._mapping.madvise(mmap.MADV_DONTNEED, *_page_span(info.offset, info.num_bytes))
+
     @cached_property
     def _mapping(self) -> mmap.mmap:
         with open(self.path, "rb") as f:

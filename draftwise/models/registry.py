@@ -17,9 +17,8 @@ from ..layers.kernel_choice import AttentionGroup, LinearGroup, choose_kernels
 from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
-from .gguf_blocks import apply_gguf_blocks
+from .gguf_blocks import BlockLoader, apply_gguf_blocks
 from .gguf_int4 import apply_gguf_int4
-from .gguf_file import GGUFFile
 from .loader import cache_root, gguf_source, open_checkpoint
 from .quantize import WEIGHT_ONLY, quantize_linears
 from .shard_layout import ShardLayout
@@ -51,9 +50,26 @@ def load_config(path: Path):
     return getattr(config, "text_config", None) or config
 
 
+def runs_on_blocks(path: Path, device: torch.device, world_size: int, gguf_weights: str, gguf_int4: bool,
+                   quantization: str | None) -> bool:
+    """Whether ``build_model`` runs this model's linears on its GGUF file's blocks."""
+    return (gguf_source(path) is not None and gguf_weights == "quantized" and not gguf_int4
+            and quantization not in WEIGHT_ONLY and device.type == "cpu" and world_size == 1
+            and gguf_linear.available())
+
+
+def load_blocks_ahead(path: Path, **where) -> BlockLoader | None:
+    """Start making the GGUF linears of ``path`` in the background (``runs_on_blocks(path, **where)``
+    must hold, else None): pass the loader to ``build_model``, which then waits for it."""
+    if not runs_on_blocks(path, **where):
+        return None
+    gguf = open_checkpoint(path)
+    return BlockLoader(gguf, int(gguf.header.get(f"{gguf.arch}.block_count")))
+
+
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                 max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "dequantized",
-                quantization: str | None = None) -> DecoderLM:
+                quantization: str | None = None, blocks: BlockLoader | None = None) -> DecoderLM:
     """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
     Otherwise, on CPU, a GGUF model's linears keep the file's blocks and its embedding stays in the
     file (``gguf_blocks.py``: no float copy is made) unless ``gguf_weights="dequantized"`` or the
@@ -62,7 +78,7 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     linears at load instead. On CPU its linears then run the kernels measured fastest on this
     machine (``kernel_choice.py``). With ``tp`` (a ``TPGroup`` of more than one rank) it is that
     rank's shard, and only the shard's slices of the weights are read (``shard_layout.py``,
-    ``shard_weights.py``)."""
+    ``shard_weights.py``). ``blocks``: the linears ``load_blocks_ahead`` started making."""
     spec = ARCH_SPECS[config.model_type]
     layout = ShardLayout.of(config, tp.rank, tp.world_size) if tp is not None else ShardLayout.whole(config)
     if gguf_int4 and layout.world_size > 1:
@@ -70,11 +86,9 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                          "layers are not sharded")
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions, layout, tp)
-    reader = open_checkpoint(path)
-    on_blocks = (isinstance(reader, GGUFFile) and gguf_weights == "quantized" and not gguf_int4
-                 and quantization not in WEIGHT_ONLY and device.type == "cpu" and layout.world_size == 1
-                 and gguf_linear.available())
-    model.num_gguf_linears = apply_gguf_blocks(model, reader) if on_blocks else 0
+    on_blocks = runs_on_blocks(path, device, layout.world_size, gguf_weights, gguf_int4, quantization)
+    reader = blocks.gguf if blocks is not None and on_blocks else open_checkpoint(path)
+    model.num_gguf_linears = apply_gguf_blocks(model, reader, blocks) if on_blocks else 0
     _materialize(model)
     _load_state(model, reader)
     model = model.to_device(device, dtype).eval()
