@@ -81,17 +81,17 @@ void interleave_block(const uint8_t* src, int64_t row_bytes, int64_t num_units, 
 
 #if defined(DRAFTWISE_GGUF_INTERLEAVED)
 // out[m * ld + c] = dot of row m (< rows <= kBlockRows) of `act` with output c of the block.
-template <int64_t T>
-void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+template <int64_t T, int64_t rows>
+void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups,
                float* out, int64_t ld) {
   constexpr int64_t B = Layout<T>::bytes;
-  __m512 acc[kBlockRows];
+  __m512 acc[rows];
   for (int64_t m = 0; m < rows; ++m) acc[m] = _mm512_setzero_ps();
   const __m512i mask = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t u = 0; u < num_units; ++u) {
     const uint8_t* seg = block + u * kBlockCols * B;
     const int64_t g = u / kGroup, j = u % kGroup, slot = kSlot[j];
-    __m512i dot[kBlockRows];
+    __m512i dot[rows];
     for (int64_t m = 0; m < rows; ++m) dot[m] = _mm512_setzero_si512();
     for (int64_t k = 0; k < num_chunks<T>(); ++k) {
       const __m512i raw = _mm512_loadu_si512(seg + 64 * k);
@@ -137,6 +137,24 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
     }
   }
   for (int64_t m = 0; m < rows; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
+}
+
+// dot_block<T, rows> for a run-time row count 1 .. kBlockRows: each count compiled on its own, so that
+// the accumulators of its rows stay in registers.
+template <int64_t T>
+void dot_block_rows(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+                    float* out, int64_t ld) {
+  switch (rows) {
+    case 1: return dot_block<T, 1>(block, num_units, act, num_groups, out, ld);
+    case 2: return dot_block<T, 2>(block, num_units, act, num_groups, out, ld);
+    case 3: return dot_block<T, 3>(block, num_units, act, num_groups, out, ld);
+    case 4: return dot_block<T, 4>(block, num_units, act, num_groups, out, ld);
+    case 5: return dot_block<T, 5>(block, num_units, act, num_groups, out, ld);
+    case 6: return dot_block<T, 6>(block, num_units, act, num_groups, out, ld);
+    case 7: return dot_block<T, 7>(block, num_units, act, num_groups, out, ld);
+    case 8: return dot_block<T, 8>(block, num_units, act, num_groups, out, ld);
+    default: return;
+  }
 }
 #endif
 

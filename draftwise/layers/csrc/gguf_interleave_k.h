@@ -160,12 +160,12 @@ inline void k_chunk(const uint8_t* unit, int64_t k, __m512i* lo, __m512i* hi) {
 }
 
 // out[m * ld + c] = dot of row m (< rows <= kBlockRows) of `act` with output c of a k-quant block.
-template <int64_t T>
-void dot_k_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+template <int64_t T, int64_t rows>
+void dot_k_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups,
                  float* out, int64_t ld) {
   constexpr int64_t B = Layout<T>::bytes;
   constexpr int64_t kHalves = T == kQ6_K ? 2 : 1;  // integer dots kept apart: one per scale
-  __m512 acc[kBlockRows];
+  __m512 acc[rows];
   for (int64_t m = 0; m < rows; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < num_units / 8; ++sb) {
     const uint8_t* seg = block + sb * kBlockCols * B;
@@ -176,7 +176,7 @@ void dot_k_block(const uint8_t* block, int64_t num_units, const ActGroup* act, i
     for (int64_t s = 0; s < 8; ++s) {
       const uint8_t* unit = seg + k_codes_at<T>() + s * k_unit_bytes<T>();
       const int64_t u = sb * 8 + s, g = u / kGroup, j = u % kGroup, slot = kSlot[j];
-      __m512i dot[kBlockRows][kHalves];
+      __m512i dot[rows][kHalves];
       for (int64_t m = 0; m < rows; ++m)
         for (int64_t h = 0; h < kHalves; ++h) dot[m][h] = _mm512_setzero_si512();
       for (int64_t k = 0; k < 4; ++k) {
@@ -204,6 +204,24 @@ void dot_k_block(const uint8_t* block, int64_t num_units, const ActGroup* act, i
     }
   }
   for (int64_t m = 0; m < rows; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
+}
+
+// dot_k_block<T, rows> for a run-time row count 1 .. kBlockRows: each count compiled on its own, so that
+// the accumulators of its rows stay in registers.
+template <int64_t T>
+void dot_k_block_rows(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+                      float* out, int64_t ld) {
+  switch (rows) {
+    case 1: return dot_k_block<T, 1>(block, num_units, act, num_groups, out, ld);
+    case 2: return dot_k_block<T, 2>(block, num_units, act, num_groups, out, ld);
+    case 3: return dot_k_block<T, 3>(block, num_units, act, num_groups, out, ld);
+    case 4: return dot_k_block<T, 4>(block, num_units, act, num_groups, out, ld);
+    case 5: return dot_k_block<T, 5>(block, num_units, act, num_groups, out, ld);
+    case 6: return dot_k_block<T, 6>(block, num_units, act, num_groups, out, ld);
+    case 7: return dot_k_block<T, 7>(block, num_units, act, num_groups, out, ld);
+    case 8: return dot_k_block<T, 8>(block, num_units, act, num_groups, out, ld);
+    default: return;
+  }
 }
 #endif
 

@@ -64,9 +64,11 @@ void run_interleaved(const uint8_t* weight, int64_t out_features, int64_t num_un
       for (int64_t m0 = 0; m0 < num_rows; m0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, num_rows - m0);
         if constexpr (is_k_quant<T>()) {
-          dot_k_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+          dot_k_block_rows<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile,
+                                kBlockCols);
         } else {
-          dot_block<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile, kBlockCols);
+          dot_block_rows<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile,
+                              kBlockCols);
         }
         for (int64_t m = 0; m < rows; ++m)
           for (int64_t c = 0; c < kBlockCols; ++c) {
