@@ -17,6 +17,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -40,11 +41,13 @@ def shaped_gguf(spec: str) -> Path:
 
 
 def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+    """One engine's run in a fresh process; draftwise's on an empty model cache (a first load: the
+    config and tokenizer are made from the file, the kernel plans measured)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out, tempfile.TemporaryDirectory() as cache:
         cmd = [python, str(RUNNER), engine, str(gguf), out.name, "--threads", str(args.threads),
                "--prefill", str(args.prefill), "--decode", str(args.decode), "--depth", str(args.depth),
                "--n-ctx", str(args.n_ctx)] + ([] if speed else ["--no-speed"])
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "DRAFTWISE_CACHE": cache})
         return json.loads(Path(out.name).read_text())
 
 
