@@ -4,7 +4,8 @@ A tiny random transformers model of each architecture is written the way llama.c
 writes it (gguf's tensor names, llama's q/k rows permuted, Gemma's norms as 1 + w, F32 values), with
 the metadata keys of its architecture and a small BPE vocabulary. draftwise then loads the file
 (config and tokenizer cached, weights read from the file) and its logits must equal the original
-model's and those of transformers' own GGUF reader on the same file.
+model's and (where it reads the architecture: not Mistral's) those of transformers' own GGUF reader
+on the same file.
 """
 from __future__ import annotations
 
@@ -32,8 +33,12 @@ def _config(arch: str):
         return tf.LlamaConfig(**COMMON, rope_theta=500000.0, tie_word_embeddings=True)
     if arch == "qwen2":
         return tf.Qwen2Config(**COMMON, rope_theta=1000000.0, tie_word_embeddings=True)
+    if arch == "mistral":  # stored as llama (permuted q/k), told apart by general.name
+        return tf.MistralConfig(**COMMON, rope_theta=1000000.0, sliding_window=None, tie_word_embeddings=False)
     if arch == "qwen3":  # head_dim (Qwen3's 128) != hidden / heads, q/k norms
         return tf.Qwen3Config(**COMMON, head_dim=128, rope_theta=1000000.0, tie_word_embeddings=False)
+    if arch == "gemma3":  # sandwich norms stored as 1 + w, q/k norms, sliding-window layers
+        return tf.Gemma3TextConfig(**COMMON, head_dim=32, rope_theta=1000000.0, sliding_window=4)
     raise KeyError(arch)
 
 
@@ -58,7 +63,10 @@ def _metadata(writer: gguf.GGUFWriter, config) -> None:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    rope = config.rope_parameters
+    writer.add_rope_freq_base((rope.get("full_attention") or rope)["rope_theta"])
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     tokens = ["<unk>", "<s>", "</s>", "a", "b", "ab"] + [f"t{i}" for i in range(VOCAB - 6)]
     writer.add_tokenizer_model("gpt2")
@@ -79,6 +87,8 @@ def write_gguf(path, model, gguf_arch: str) -> None:
     arch_id = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}[gguf_arch]
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     writer = gguf.GGUFWriter(str(path), gguf_arch)
+    if config.model_type == "mistral":
+        writer.add_name("mistral")
     _metadata(writer, config)
     for hf_name, tensor in model.state_dict().items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
@@ -89,6 +99,8 @@ def write_gguf(path, model, gguf_arch: str) -> None:
             array = _permuted(array, config.num_attention_heads)
         elif gguf_arch == "llama" and ".attn_k." in name:
             array = _permuted(array, config.num_key_value_heads)
+        elif gguf_arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0
         writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -101,11 +113,11 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma3"])
 def test_architecture_loads_from_gguf_and_matches_transformers(arch, tmp_path, cache):
     model = _random_model(arch)
     path = tmp_path / f"{arch}.gguf"
-    write_gguf(path, model, arch.split("-")[0])
+    write_gguf(path, model, {"llama-tied": "llama", "mistral": "llama"}.get(arch, arch))
     out = resolve_model(path)
     config = load_config(out)
     assert config.model_type == model.config.model_type and config.tie_word_embeddings == model.config.tie_word_embeddings
@@ -113,6 +125,7 @@ def test_architecture_loads_from_gguf_and_matches_transformers(arch, tmp_path, c
     ids = torch.tensor([1, 5, 9, 30, 31, 7, 2, 44, 60])
     with torch.no_grad():
         ref = model(ids[None]).logits[0]
-        theirs = load_transformers_model(out, torch.float32)(ids[None]).logits[0]
-    assert torch.allclose(theirs, ref, atol=1e-4)  # transformers reads the file as we wrote it
+        if arch != "mistral":  # transformers' GGUF reader looks for a gguf arch named "mistral", which has none
+            theirs = load_transformers_model(out, torch.float32)(ids[None]).logits[0]
+            assert torch.allclose(theirs, ref, atol=1e-4)  # transformers reads the file as we wrote it
     assert torch.allclose(_logits(ours, ids), ref, atol=1e-4)

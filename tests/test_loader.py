@@ -259,7 +259,8 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
     layer = model.layers[0]
     kv = torch.zeros(len(model.layers), 2, 64, layer.num_kv_heads, layer.head_dim)
-    ids_, pos, meta, _ = prepare_batch([ForwardInput(ids.tolist(), 0, [0, 1, 2, 3])], 16, None, torch.device("cpu"))
+    window = model.sliding_window if model.uses_sliding_window else None  # as the paged model passes it
+    ids_, pos, meta, _ = prepare_batch([ForwardInput(ids.tolist(), 0, [0, 1, 2, 3])], 16, window, torch.device("cpu"))
     with forward_context(model.attention_metadata(meta), kv):
         hidden, _ = model(ids_, pos)
     return model.compute_logits(hidden)
