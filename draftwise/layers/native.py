@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -92,16 +93,26 @@ def _build_once(compiler: str, library: Path) -> bool:
 
 
 def _build(compiler: str, library: Path) -> bool:
+    """Compile each source on its own (as many at once as there are CPUs), then link."""
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     partial = f"{library}.{os.getpid()}.tmp"
-    command = [compiler, *map(str, SOURCES), "-o", partial, "-shared", "-fPIC", "-std=c++20", "-O3",
-               f"-march={_march()}", "-ffast-math", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    command += [f"-I{p}" for p in cpp_extension.include_paths()]
-    command += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
-    command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+    flags = ["-fPIC", "-std=c++20", "-O3", f"-march={_march()}", "-ffast-math", "-fopenmp",
+             f"-D_GLIBCXX_USE_CXX11_ABI={abi}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
+    objects = [f"{partial}.{source.stem}.o" for source in SOURCES]
+    compiles = [[compiler, "-c", str(source), "-o", obj, *flags] for source, obj in zip(SOURCES, objects)]
+    link = [compiler, *objects, "-o", partial, "-shared", "-fopenmp"]
+    link += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
+    link += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
     logger.info("draftwise: building the C++ CPU kernels for this machine (once)...")
     start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True)
+    try:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            results = list(pool.map(lambda cmd: subprocess.run(cmd, capture_output=True, text=True), compiles))
+        failed = next((r for r in results if r.returncode != 0), None)
+        result = failed or subprocess.run(link, capture_output=True, text=True)
+    finally:
+        for obj in objects:
+            Path(obj).unlink(missing_ok=True)
     if result.returncode != 0:
         logger.warning("draftwise: the C++ CPU kernels did not build, using torch's ops:\n%s",
                        result.stderr[-2000:])
