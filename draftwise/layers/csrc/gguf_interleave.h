@@ -138,24 +138,6 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
   }
   for (int64_t m = 0; m < rows; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
 }
-
-// dot_block<T, rows> for a run-time row count 1 .. kBlockRows: each count compiled on its own, so that
-// the accumulators of its rows stay in registers.
-template <int64_t T>
-void dot_block_rows(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
-                    float* out, int64_t ld) {
-  switch (rows) {
-    case 1: return dot_block<T, 1>(block, num_units, act, num_groups, out, ld);
-    case 2: return dot_block<T, 2>(block, num_units, act, num_groups, out, ld);
-    case 3: return dot_block<T, 3>(block, num_units, act, num_groups, out, ld);
-    case 4: return dot_block<T, 4>(block, num_units, act, num_groups, out, ld);
-    case 5: return dot_block<T, 5>(block, num_units, act, num_groups, out, ld);
-    case 6: return dot_block<T, 6>(block, num_units, act, num_groups, out, ld);
-    case 7: return dot_block<T, 7>(block, num_units, act, num_groups, out, ld);
-    case 8: return dot_block<T, 8>(block, num_units, act, num_groups, out, ld);
-    default: return;
-  }
-}
 #endif
 
 }  // namespace draftwise_gguf

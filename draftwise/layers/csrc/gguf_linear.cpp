@@ -53,6 +53,32 @@ struct Output {
 };
 
 #if defined(DRAFTWISE_GGUF_INTERLEAVED)
+// The interleaved kernel of type T (dot_k_block for the k-quants, dot_block otherwise) on `rows` (1 ..
+// kBlockRows) activation rows: each row count compiled on its own, so that its rows' accumulators
+// stay in registers.
+template <int64_t T>
+void dot_interleaved(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups, int64_t rows,
+                     float* out) {
+  const auto with = [&]<int64_t R>() {
+    if constexpr (is_k_quant<T>()) {
+      dot_k_block<T, R>(block, num_units, act, num_groups, out, kBlockCols);
+    } else {
+      dot_block<T, R>(block, num_units, act, num_groups, out, kBlockCols);
+    }
+  };
+  switch (rows) {
+    case 1: return with.template operator()<1>();
+    case 2: return with.template operator()<2>();
+    case 3: return with.template operator()<3>();
+    case 4: return with.template operator()<4>();
+    case 5: return with.template operator()<5>();
+    case 6: return with.template operator()<6>();
+    case 7: return with.template operator()<7>();
+    case 8: return with.template operator()<8>();
+    default: return;  // run_interleaved passes 1 .. kBlockRows
+  }
+}
+
 template <int64_t T>
 void run_interleaved(const uint8_t* weight, int64_t out_features, int64_t num_units, const ActGroup* act,
                      int64_t num_rows, const Output& y) {
@@ -63,13 +89,7 @@ void run_interleaved(const uint8_t* weight, int64_t out_features, int64_t num_un
     for (int64_t b = begin; b < end; ++b)
       for (int64_t m0 = 0; m0 < num_rows; m0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, num_rows - m0);
-        if constexpr (is_k_quant<T>()) {
-          dot_k_block_rows<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile,
-                                kBlockCols);
-        } else {
-          dot_block_rows<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile,
-                              kBlockCols);
-        }
+        dot_interleaved<T>(weight + b * block_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
         for (int64_t m = 0; m < rows; ++m)
           for (int64_t c = 0; c < kBlockCols; ++c) {
             const int64_t n = b * kBlockCols + c;
