@@ -24,6 +24,7 @@ BLOCK_SIZES = {name: 256 if name.endswith("_K") else 32 for name in QTYPE_IDS}  
 # types whose rows are repacked at load (same bytes; the k-quants only where the CPU runs them
 # interleaved, 16 rows side by side, and as stored elsewhere)
 REPACKED = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+INTERLEAVED_ROWS = 16  # output rows the interleaved layout packs side by side (csrc kBlockCols)
 
 
 def available() -> bool:
@@ -62,7 +63,7 @@ class GGUFLinear(nn.Module):
         keeps whole 16-row blocks (the interleaved layout's unit), else as one tensor."""
         if not self.packed:
             return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
-        if len(parts) > 1 and any(part.shape[0] % 16 for part in parts):
+        if len(parts) > 1 and any(part.shape[0] % INTERLEAVED_ROWS for part in parts):
             parts = [torch.cat(parts)]
         if len(parts) == 1:
             return torch.ops.draftwise_cpu.gguf_repack(parts[0], self.qtype_id)
