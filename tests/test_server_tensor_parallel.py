@@ -20,7 +20,8 @@ from draftwise import SamplingParams
 @pytest.fixture(scope="module")
 def tp_server(tiny_model_dir, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("tp-server") / "serve.log"
-    proc, url = start_server(tiny_model_dir, log_path, ["--tensor-parallel-size", "2", "--log-level", "info"])
+    proc, url = start_server(tiny_model_dir, log_path,
+                             ["--tensor-parallel-size", "2", "--device", "cpu", "--log-level", "info"])
     yield proc, url, log_path
     stop_server(proc)
 

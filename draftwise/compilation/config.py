@@ -12,10 +12,14 @@ mode, as ``-O3`` sets it). Keys:
 * ``compile_sizes``: token counts that get a graph of their own (static shapes);
   ``"cudagraph_capture_sizes"`` in the list stands for those sizes.
 * ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size``: the bucket sizes a
-  batch is padded up to. On CPU they are compile buckets (each size one static
-  graph); without either, one graph with a dynamic token count serves every size.
+  batch is padded up to. On a GPU they are the token counts of the CUDA graphs
+  (``static_step.py``); with a compiled forward they are compile buckets too (each size
+  one static graph); without either, one compiled graph with a dynamic token count
+  serves every size.
 * ``cudagraph_mode``: ``NONE``, ``PIECEWISE``, ``FULL``, ``FULL_DECODE_ONLY``,
-  ``FULL_AND_PIECEWISE`` (validated; draftwise does not capture CUDA graphs yet).
+  ``FULL_AND_PIECEWISE``. On a GPU every mode but ``NONE`` captures the target's
+  decode batches as full graphs (the forward with its attention); other batches run
+  eager, as under ``FULL_DECODE_ONLY``. ``enforce_eager`` captures nothing.
 * ``cache_dir``: where inductor keeps its compiled kernels.
 
 Unknown keys and bad values raise ``ValueError`` naming the key and what is allowed.
@@ -86,6 +90,18 @@ class CompilationConfig:
             cap = self.max_cudagraph_capture_size
             sizes.update(s for s in capture if cap is None or s <= cap)
         return sorted(sizes)
+
+    def captures_cuda_graphs(self, enforce_eager: bool) -> bool:
+        """Whether a GPU target captures its decode batches (``cudagraph_mode`` not NONE, not eager)."""
+        return not enforce_eager and self.cudagraph_mode != "NONE"
+
+    def capture_sizes(self, default_max: int) -> list[int]:
+        """Token counts of the CUDA graphs, ascending: the sizes given (up to the maximum, if given), else
+        vLLM's default sizes up to ``max_cudagraph_capture_size`` (default ``default_max``)."""
+        cap = self.max_cudagraph_capture_size
+        if self.cudagraph_capture_sizes is not None:
+            return [s for s in self.cudagraph_capture_sizes if cap is None or s <= cap]
+        return default_capture_sizes(cap or default_max)
 
 
 def default_capture_sizes(max_size: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""Compile the target's forward at start-up (``compilation_config`` mode > 0).
+"""Compile the target's forward at start-up (``compilation_config`` mode > 0), and capture its
+uniform batches as CUDA graphs on a GPU (``capture_target``).
 
 ``compile_target`` swaps the ``PagedModel``'s forward for a ``CompiledForward`` and compiles
 every graph now, each on a throwaway sequence of the block manager's scratch space, so no step
@@ -11,6 +12,7 @@ import os
 import torch
 
 from ..compilation.compiled_forward import CompiledForward, log_compile
+from ..compilation.static_step import StaticStep
 from ..paged import BlockManager, ForwardInput, PagedModel
 
 
@@ -29,3 +31,28 @@ def compile_target(paged: PagedModel, block_manager: BlockManager, compilation, 
             paged.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)], aux_layer_ids)
 
     return log_compile(compiled.warm_up_sizes(), compile_one)
+
+
+def capture_target(paged: PagedModel, pad_block: int, compilation, enforce_eager: bool, max_num_seqs: int,
+                   max_model_len: int) -> StaticStep | None:
+    """On a GPU (one rank), unless ``cudagraph_mode`` is NONE or ``enforce_eager``: the target's decode
+    batches (one row per sequence) captured as CUDA graphs, vLLM's default capture sizes up to
+    ``min(2 * max_num_seqs, 512)`` tokens; padding rows write to ``pad_block``. Verify batches (several
+    rows per sequence) run eager: ``StaticStep`` computes them (``attach_static_step`` with a larger
+    ``max_query_len``), but their captured replay has not passed the CUDA tests yet
+    (``tests/test_cuda_graphs.py``)."""
+    if paged.device.type != "cuda" or not compilation.captures_cuda_graphs(enforce_eager):
+        return None
+    sizes = compilation.capture_sizes(min(2 * max_num_seqs, 512))
+    return attach_static_step(paged, pad_block, sizes, 1, max_model_len, capture=True)
+
+
+def attach_static_step(paged: PagedModel, pad_block: int, capture_sizes: list[int], max_query_len: int,
+                       max_model_len: int, capture: bool) -> StaticStep | None:
+    """Run the target's uniform batches of up to ``max_query_len`` rows per sequence as fixed-shape steps
+    (captured as CUDA graphs where ``capture``); None where no capture size is left."""
+    if not capture_sizes:
+        return None
+    step = StaticStep(paged, capture_sizes, max_query_len, max_model_len, pad_block, capture)
+    paged.run_static_with(step)
+    return step

@@ -63,7 +63,7 @@ from ..paged import KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
-from .compile_target import compile_target
+from .compile_target import capture_target, compile_target
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor, error_output
@@ -134,6 +134,8 @@ class LLMEngine:
         elif config.compilation.resolved_mode(config.enforce_eager) != 0:
             self.compile_seconds = compile_target(paged, self.block_manager, config.compilation, max_batched,
                                                   self.needs.aux_layer_ids, self.device)
+        self.static_step = None if self.executor is not None else capture_target(  # CUDA graphs, on a GPU
+            paged, pool.spare_block, config.compilation, config.enforce_eager, config.max_num_seqs, self.max_model_len)
         self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .static_attention import StaticBatch, static_attend
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
 PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows per sequence
@@ -88,6 +89,7 @@ class AttentionMetadata:
     # j < tree_start, or bit (j - tree_start) of bits is set (ancestors in a draft tree, <= 64 slots);
     # rows outside any tree carry tree_start = NO_TREE (plain causal). None: every row is causal.
     tree_mask: torch.Tensor | None = None  # [num_tokens, 2] int64
+    static: StaticBatch | None = None  # set: a uniform batch of fixed shapes (static_attention.py)
     _sdpa: SdpaIndex | None = field(default=None, init=False, repr=False, compare=False)
 
     def sdpa_index(self) -> SdpaIndex:
@@ -259,6 +261,10 @@ def _attend(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
             kv_cache: torch.Tensor,  # [2, num_slots, num_kv_heads, head_dim], this step's K/V written
             meta: AttentionMetadata, scale: float,
             sliding: bool) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+    if meta.static is not None:
+        window = meta.sliding_window if sliding else None
+        return static_attend(q, kv_cache, meta.block_table, meta.static.context_lens, meta.block_size, scale,
+                             window, meta.compute_dtype)
     if meta.split is not None:
         split = meta.split
         out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])

@@ -11,17 +11,22 @@ of free host or GPU memory, at most 2 GiB, no more than the workload can
 use, split between the tensor-parallel ranks that share a host's memory;
 a budget is per rank, sized by the driver's, which holds the most KV heads)
 into a number of blocks, allocates one tensor per member,
-``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``, and the
-``BlockManager`` over them.
+``[num_layers, 2, (num_blocks + 1) * block_size, num_kv_heads, head_dim]``, and the
+``BlockManager`` over its ``num_blocks`` blocks. The one block past them (id ``num_blocks``,
+``spare_block``) is never handed out: rows that must write K/V somewhere but belong to no
+sequence (the padding rows of a CUDA graph's fixed-shape step) write there.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
 from .block_manager import BlockManager
+
+logger = logging.getLogger("draftwise")
 
 _DEFAULT_FRACTION = 0.25
 _DEFAULT_CAP = 2 << 30
@@ -77,10 +82,16 @@ class KVPool:
         return self.block_manager
 
     def allocate_blocks(self, num_blocks: int) -> None:
-        """Every member's tensor for ``num_blocks`` blocks (a tensor-parallel worker: the driver's count)."""
+        """Every member's tensor for ``num_blocks`` blocks and the spare one (a tensor-parallel worker: the
+        driver's count)."""
         for name, spec in self.specs.items():
-            shape = (spec.num_layers, 2, num_blocks * self.block_size, spec.num_kv_heads, spec.head_dim)
+            shape = (spec.num_layers, 2, (num_blocks + 1) * self.block_size, spec.num_kv_heads, spec.head_dim)
             self.tensors[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @property
+    def spare_block(self) -> int:
+        """The block past the manager's, which no sequence gets (padding rows write there)."""
+        return self.block_manager.num_blocks
 
     def tensor(self, name: str) -> torch.Tensor:  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
         return self.tensors[name]
@@ -110,7 +121,12 @@ def default_kv_cache_bytes(bytes_per_token: int, max_num_seqs: int, max_model_le
 
 def gpu_kv_cache_bytes(utilization: float, device: torch.device) -> int:
     """vLLM's ``gpu_memory_utilization``: the engine may use that share of the GPU's memory; the KV
-    cache gets what the loaded weights leave, less a reserve for activations."""
-    total = torch.cuda.get_device_properties(device).total_memory
-    in_use = torch.cuda.memory_reserved(device)
-    return max(0, int(utilization * total - in_use - _GPU_ACTIVATION_RESERVE * total))
+    cache gets what the loaded weights leave, less a reserve for activations, and never more than the
+    GPU has free (other processes may hold some of it)."""
+    free, total = torch.cuda.mem_get_info(device)
+    reserve = _GPU_ACTIVATION_RESERVE * total
+    wanted = utilization * total - torch.cuda.memory_reserved(device) - reserve
+    if wanted > free - reserve:
+        logger.warning("draftwise: gpu_memory_utilization=%s asks for more than the %.1f GiB the GPU has free; "
+                       "the KV cache takes what is free", utilization, free / 2**30)
+    return max(0, int(min(wanted, free - reserve)))

@@ -7,7 +7,8 @@ auxiliary hidden states asked for, and ``cu_num_tokens``. The target's model
 runner and the ``draft_model`` proposer both run their model this way.
 
 The model runs inside the forward context (metadata + this model's cache);
-``run_with`` swaps the callable that runs it (the engine's ``CompiledForward``).
+``run_with`` swaps the callable that runs it (the engine's ``CompiledForward``), and
+``run_static_with`` hands uniform decode and verify batches to a ``StaticStep`` (CUDA graphs).
 """
 from __future__ import annotations
 
@@ -29,10 +30,15 @@ class PagedModel:
         self.block_table = block_table  # the block manager's, where the batch's rows come from
         self.sliding_window = model.sliding_window if model.uses_sliding_window else None
         self.run = model  # (input_ids, positions, aux_layer_ids) -> (hidden, aux); see run_with
+        self.static_step = None  # (batch, aux_layer_ids) -> forward's result, or None; see run_static_with
 
     def run_with(self, run) -> None:
         """Run the model through ``run`` (same signature as the model's forward), e.g. compiled."""
         self.run = run
+
+    def run_static_with(self, static_step) -> None:
+        """Run the batches ``static_step`` takes through it (``compilation/static_step.py``)."""
+        self.static_step = static_step
 
     @staticmethod
     def kv_cache_spec(model) -> KVCacheSpec:
@@ -42,6 +48,10 @@ class PagedModel:
     def forward(self, batch: list[ForwardInput], aux_layer_ids: tuple[int, ...] = ()
                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
         """(hidden [num_tokens, H] fp32, aux hidden list, cu_num_tokens [len(batch) + 1])."""
+        if self.static_step is not None:
+            result = self.static_step.forward(batch, aux_layer_ids)
+            if result is not None:
+                return result
         ids, pos, meta, cu = prepare_batch(batch, self.block_size, self.sliding_window, self.device,
                                            block_table=self.block_table)
         with forward_context(self.model.attention_metadata(meta), self.kv_cache):
