@@ -16,7 +16,9 @@ import torch
 from test_loader import _logits
 
 from draftwise.models.loader import load_transformers_model, resolve_model
-from draftwise.models.registry import build_model, load_config
+from transformers import AutoConfig, AutoTokenizer
+
+from draftwise.models.registry import build_model, load_config, load_tokenizer
 
 VOCAB = 96
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -121,6 +123,15 @@ def test_architecture_loads_from_gguf_and_matches_transformers(arch, tmp_path, c
     out = resolve_model(path)
     config = load_config(out)
     assert config.model_type == model.config.model_type and config.tie_word_embeddings == model.config.tie_word_embeddings
+    resolved = AutoConfig.from_pretrained(out)  # what the architecture's own class makes of the folder
+    keys = set(resolved.to_dict()) - {"_name_or_path", "use_cache"}  # where it was read from; generation's
+    assert {k: getattr(config, k, None) for k in keys} == {k: getattr(resolved, k) for k in keys}
+    tokenizer, auto = load_tokenizer(out), AutoTokenizer.from_pretrained(out)
+    assert type(tokenizer) is type(auto) and tokenizer.chat_template == auto.chat_template
+    ids = list(range(VOCAB))
+    assert tokenizer.convert_ids_to_tokens(ids) == auto.convert_ids_to_tokens(ids)
+    assert tokenizer.decode(ids) == auto.decode(ids)
+    assert tokenizer.all_special_ids == auto.all_special_ids and tokenizer.eos_token_id == auto.eos_token_id
     ours = build_model(out, config, torch.float32, torch.device("cpu"), max_positions=64)
     ids = torch.tensor([1, 5, 9, 30, 31, 7, 2, 44, 60])
     with torch.no_grad():

@@ -46,7 +46,6 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer
 
 from ..config import EngineConfig
 from ..distributed.setup import start_tensor_parallel
@@ -56,7 +55,7 @@ from ..metrics.reader import Metric
 from ..metrics.recorder import StatsRecorder
 from ..models.generation_config import sampling_defaults
 from ..models.loader import SMOLLM2_NAME, resolve_model
-from ..models.registry import build_model, load_blocks_ahead, load_config
+from ..models.registry import build_model, load_blocks_ahead, load_config, load_tokenizer
 from ..models.shard_layout import check_divisible
 from ..outputs import RequestOutput
 from ..paged import KVPool, PagedModel
@@ -98,7 +97,7 @@ class LLMEngine:
                                    quantization=config.quantization)  # while the config and tokenizer load
         self.hf_config = load_config(path)
         check_divisible(self.hf_config, config.tensor_parallel_size)  # before anything else is resolved
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or path)
+        self.tokenizer = load_tokenizer(config.tokenizer or path)
         self.max_model_len = resolve_max_model_len(config, self.hf_config)
         self.device, self.dtype = config.torch_device, config.torch_dtype
         self.executor = start_tensor_parallel(config, self.max_model_len)  # None: one rank

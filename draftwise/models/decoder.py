@@ -145,7 +145,8 @@ class DecoderLM(nn.Module):
         if getattr(config, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
         self.embed_tokens = (VocabParallelEmbedding(self.layout, config.hidden_size, self.tp) if self.tp
-                             else nn.Embedding(config.vocab_size, config.hidden_size))
+                             else nn.Embedding(config.vocab_size, config.hidden_size,
+                                               _weight=_uninitialized(config.vocab_size, config.hidden_size)))
         self.embed_scale = math.sqrt(config.hidden_size) if spec.embed_scale else None
         self.layers = nn.ModuleList(DecoderLayer(config, spec, t, layout=self.layout, tp=self.tp)
                                     for t in self.layer_types)
@@ -257,12 +258,18 @@ class _TiedHead(nn.Module):
         return F.linear(hidden, self.embed[0].weight)
 
 
+def _uninitialized(num_rows: int, dim: int) -> torch.Tensor:
+    """An embedding table without a random init: it is loaded from the checkpoint (and ``normal_`` on
+    the meta device goes through torch's reference ops, whose first use imports the compiler stack)."""
+    return torch.empty(num_rows, dim)
+
+
 class VocabParallelEmbedding(nn.Embedding):
     """One rank's rows of the embedding table (``layout.vocab``, zero-padded to ``vocab_rows``): a
     token outside them looks up zeros, and the all-reduce gives every rank the whole embedding."""
 
     def __init__(self, layout: ShardLayout, hidden_size: int, tp):
-        super().__init__(layout.vocab_rows, hidden_size)
+        super().__init__(layout.vocab_rows, hidden_size, _weight=_uninitialized(layout.vocab_rows, hidden_size))
         self.start, self.end = layout.vocab
         self.tp = tp
 

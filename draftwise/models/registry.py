@@ -2,14 +2,20 @@
 
 ``build_model`` is the only way the engine makes a target model. Adding an
 architecture that fits ``DecoderLM`` is one line in ``ARCH_SPECS``.
+
+``load_config`` and ``load_tokenizer`` read a model folder. The folder draftwise writes for a
+GGUF file holds a complete config (every default resolved by the architecture's class when it
+was written) and a ``tokenizer.json``: those load into transformers' base config and fast
+tokenizer classes, without importing the architecture's classes (whose import chain takes
+about a second). Other folders go through ``AutoConfig`` and ``AutoTokenizer``.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig
 
 from ..layers import gguf_linear
 from ..layers.common import RMSNorm
@@ -43,11 +49,52 @@ _HF_NAMES = {  # our per-layer module -> its Hugging Face name
 
 
 def load_config(path: Path):
-    config = AutoConfig.from_pretrained(path)
+    config = _written_config(path)
+    if config is None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
     if config.model_type not in ARCH_SPECS:
         raise ValueError(f"model architecture {config.model_type!r} is not supported; "
                          f"supported: {sorted(ARCH_SPECS)}")
     return getattr(config, "text_config", None) or config
+
+
+def load_tokenizer(name_or_path):
+    """The tokenizer of a model folder or hub name (``tokenizer=`` of the engine, else the model's)."""
+    path = Path(name_or_path)
+    if gguf_source(path) is not None and _tokenizer_class(path) in _GENERIC_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+_GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")  # no architecture-specific class
+
+
+def _tokenizer_class(path: Path) -> str | None:
+    config = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").is_file() or not config.is_file():
+        return None
+    return json.loads(config.read_text()).get("tokenizer_class")
+
+
+def _written_config(path: Path):
+    """The config draftwise wrote for a GGUF file, in transformers' base class; None for other folders
+    and nested (multimodal) configs."""
+    if gguf_source(path) is None:
+        return None
+    values = json.loads((Path(path) / "config.json").read_text())
+    if "text_config" in values:
+        return None
+    from transformers import PretrainedConfig
+
+    config = PretrainedConfig.from_dict(values)
+    config.model_type = values["model_type"]
+    return config
 
 
 def runs_on_blocks(path: Path, device: torch.device, world_size: int, gguf_weights: str, gguf_int4: bool,
@@ -110,7 +157,9 @@ def _materialize(model: nn.Module) -> None:
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if param.is_meta:
-                setattr(module, name, nn.Parameter(torch.empty_like(param, device="cpu"), requires_grad=False))
+                # torch.empty, not empty_like: on a meta tensor that runs torch's Python reference ops,
+                # whose first use imports the compiler stack (about half a second)
+                setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype), requires_grad=False))
 
 
 def _check_can_quantize(quantization: str, device: torch.device, layout: ShardLayout, gguf_int4: bool) -> None:

@@ -14,7 +14,9 @@ into a number of blocks, allocates one tensor per member,
 ``[num_layers, 2, (num_blocks + 1) * block_size, num_kv_heads, head_dim]``, and the
 ``BlockManager`` over its ``num_blocks`` blocks. The one block past them (id ``num_blocks``,
 ``spare_block``) is never handed out: rows that must write K/V somewhere but belong to no
-sequence (the padding rows of a CUDA graph's fixed-shape step) write there.
+sequence (the padding rows of a CUDA graph's fixed-shape step) write there. On CPU the tensors
+are zero pages that the OS maps when first written (``calloc``), so a large pool costs neither
+start-up time nor resident memory until sequences fill it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .block_manager import BlockManager
@@ -86,7 +89,7 @@ class KVPool:
         driver's count)."""
         for name, spec in self.specs.items():
             shape = (spec.num_layers, 2, (num_blocks + 1) * self.block_size, spec.num_kv_heads, spec.head_dim)
-            self.tensors[name] = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            self.tensors[name] = _zeros(shape, self.dtype, self.device)
 
     @property
     def spare_block(self) -> int:
@@ -95,6 +98,16 @@ class KVPool:
 
     def tensor(self, name: str) -> torch.Tensor:  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
         return self.tensors[name]
+
+
+_SAME_SIZE_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros; on CPU from numpy's ``calloc`` (untouched pages stay unmapped) viewed as ``dtype``."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.from_numpy(np.zeros(shape, dtype=_SAME_SIZE_INT[dtype.itemsize])).view(dtype)
 
 
 def available_memory_bytes(device: torch.device | None = None) -> int:

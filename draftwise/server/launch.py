@@ -11,12 +11,12 @@ import argparse
 import logging
 
 import uvicorn
-from transformers import AutoTokenizer
 
 from ..compat.vllm.data_parallel_flags import data_parallel_plan
 from ..engine.arg_utils import engine_config_from_kwargs
 from ..engine.engine import LLMEngine
 from ..models.loader import SMOLLM2_NAME
+from ..models.registry import load_tokenizer
 from .app import build_app
 from .async_engine import AsyncEngine
 from .data_parallel import DataParallelEngine
@@ -44,7 +44,7 @@ def run_server(args: argparse.Namespace, engine_kwargs: dict) -> int:
         engine = AsyncEngine.build(lambda: LLMEngine(config), metrics)  # built on the thread that steps it
     try:
         config = engine.engine.config  # as the engine resolved it (model_path)
-        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model_path)
+        tokenizer = load_tokenizer(config.tokenizer or config.model_path)
         app = build_app(engine, names, tokenizer, options, metrics)
         spec = config.speculative.to_dict() if config.speculative else None
         logger.info("draftwise: serving %s as %s on http://%s:%d (speculative config: %s%s)",

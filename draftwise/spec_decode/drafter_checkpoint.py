@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig
 
 from ..validate import PREFIX
 
@@ -55,6 +54,8 @@ class DrafterCheckpoint:
         """The transformers config of the drafter's decoder layer(s)."""
         keys = {k: v for k, v in self.config.items() if k not in ("architectures", "auto_map")}
         model_type = keys.pop("model_type", default_type) or default_type
+        from transformers import AutoConfig  # on use: its import chain takes about a second
+
         try:
             return AutoConfig.for_model(model_type, **keys)
         except (ValueError, TypeError) as exc:
