@@ -21,7 +21,7 @@ from draftwise import LLM, SamplingParams
 from draftwise.bench.measure import tokenize_prompts
 from draftwise.layers.cpu_info import cpu_signature
 from draftwise.models.loader import resolve_model
-from draftwise.workloads import load_workload
+from draftwise.bench.workloads import load_workload
 
 METHODS = {"none": None,
            "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}}

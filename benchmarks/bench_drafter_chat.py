@@ -20,7 +20,7 @@ import time
 
 from draftwise import LLM, SamplingParams
 from draftwise.bench.run import machine_info
-from draftwise.workloads import load_workload
+from draftwise.bench.workloads import load_workload
 
 SHIPPED = "draftwise/SmolLM2-135M-Instruct-eagle3"
 OWN_PROMPTS = ["How do I make a simple tomato pasta sauce?", "What are the benefits of regular exercise?",

@@ -22,8 +22,8 @@ import torch
 from draftwise import LLM, SamplingParams
 from draftwise.layers.cpu_info import cpu_signature
 from draftwise.models.loader import resolve_model
-from draftwise.workloads import SYSTEM_PROMPT as SYSTEM
-from draftwise.workloads import load_workload
+from draftwise.bench.workloads import SYSTEM_PROMPT as SYSTEM
+from draftwise.bench.workloads import load_workload
 
 
 def ttft_and_answer(llm: LLM, rid: str, prompt: str, max_tokens: int) -> tuple[float, str, int]:

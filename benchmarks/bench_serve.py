@@ -5,7 +5,7 @@ One server per method (``none`` = no speculation) is started on 127.0.0.1 before
 all stay up; the methods then take turns at each concurrency level, so the drift of a shared
 machine hits them alike. At level ``c``, ``c`` clients stream chat completions (greedy, or
 sampled at ``--temperature`` with a seed per request, the same for every method; prompts from
-``draftwise.workloads``) until ``max(c, --min-requests)`` requests are done or
+``draftwise.bench.workloads``) until ``max(c, --min-requests)`` requests are done or
 ``--time-limit`` seconds pass (no new request starts after that). Reported per (level, method):
 requests/s, output tokens/s, speedup over ``none``, and percentiles of TTFT (time to the first
 content chunk), TPOT (per request: time after the first chunk / tokens after the first) and
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from draftwise.workloads import SYSTEM_PROMPT, load_workload
+from draftwise.bench.workloads import SYSTEM_PROMPT, load_workload
 
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:spec_decode_num_drafts",
             "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")

@@ -29,7 +29,7 @@ from draftwise.models.loader import resolve_model
 from draftwise.sampling_params import SamplingParams
 from draftwise.spec_decode.config import SpeculativeConfig
 from draftwise.spec_decode.interface import ProposeBatch
-from draftwise.workloads import humaneval_path, load_workload
+from draftwise.bench.workloads import humaneval_path, load_workload
 
 DEPTH = 24
 

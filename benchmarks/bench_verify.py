@@ -45,7 +45,7 @@ from draftwise import LLM, SamplingParams
 from draftwise.models.loader import load_transformers_model, resolve_model
 from draftwise.outputs import RequestOutput
 from draftwise.spec_decode.metrics import SpecDecodingStats
-from draftwise.workloads import BenchPrompt, load_workload
+from draftwise.bench.workloads import BenchPrompt, load_workload
 
 WARMUP = BenchPrompt("warmup", messages=[{"role": "user", "content": "Say hello."}])
 
@@ -177,7 +177,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="default: the bundled SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", default="ngram:code-edit,draft_model:chat",
-                        help="comma-separated METHOD:WORKLOAD pairs (workloads: see draftwise.workloads)")
+                        help="comma-separated METHOD:WORKLOAD pairs (workloads: see draftwise.bench.workloads)")
     parser.add_argument("--variants", default="standard,block,entropy,block+entropy",
                         help=f"comma-separated, from {list(VARIANTS)}")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per workload")

@@ -5,7 +5,7 @@ llama.cpp is llama-cpp-python (``make llamacpp`` builds it from source in its ow
 ``llamacpp_runner.py`` on the bundled SmolLM2 Q4_1 file (or ``--model``'s GGUF) with ``--threads`` threads: plain, and its
 prompt-lookup decoding (``LlamaPromptLookupDecoding``, ``--num-pred-tokens``). draftwise runs the
 file's blocks as stored (dtype auto): plain, ngram (K=5, lookup 2-4) and suffix, plus plain on
-the de-quantized fp32 weights for reference. Workloads from ``draftwise/workloads.py`` (code
+the de-quantized fp32 weights for reference. Workloads from ``draftwise/bench/workloads.py`` (code
 edits, chat), chat-templated once here. Prints tokens/s, draftwise / llama.cpp plain and
 / llama.cpp prompt lookup, the CPU's flags and the load average; writes
 ``benchmarks/results/vs_llamacpp-<date>.json``. Not part of ``make test``; one benchmark at a time:
@@ -28,7 +28,7 @@ from transformers import AutoTokenizer
 
 from draftwise.bench.measure import tokenize_prompts
 from draftwise.models.loader import gguf_source, resolve_model
-from draftwise.workloads import load_workload
+from draftwise.bench.workloads import load_workload
 
 OURS = {
     "plain": {"speculative_config": None},

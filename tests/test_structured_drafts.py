@@ -15,7 +15,7 @@ from test_structured_outputs import PERSON, SCHEMAS, json_params
 
 from draftwise import LLM, SamplingParams, StructuredOutputsParams
 from draftwise.sample import SamplingMetadata, SpecDecodeMetadata
-from draftwise.sample.rejection_sampler import rejection_sample
+from draftwise.sample.verify.rejection_sampler import rejection_sample
 
 # Schema-shaped JSON: objects whose keys the grammar forces (and a prompt an n-gram drafter can copy).
 JSON_PROMPT = 'Answer in JSON. {"name":"ab","age":12,"ok":true} {"name":"cd","age":7,"ok":false} '

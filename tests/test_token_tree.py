@@ -16,7 +16,7 @@ from conftest import API_KEY, PROMPTS, SERVED_NAME, greedy, start_server, stop_s
 from draftwise import LLM, SamplingParams
 from draftwise.layers.attention import NO_TREE, _attend, build_metadata
 from draftwise.sample import SamplingMetadata, SpecDecodeMetadata
-from draftwise.sample.rejection_sampler import rejection_sample
+from draftwise.sample.verify.rejection_sampler import rejection_sample
 from draftwise.spec_decode.config import SpeculativeConfig
 from draftwise.spec_decode.interface import _REGISTRY, DraftBatch, Proposer, register
 from draftwise.spec_decode.token_tree import TokenTree, path_nodes

@@ -164,7 +164,7 @@ def test_cli_reports_bad_method_with_exit_status_2(data_dir, tmp_path, capsys):
 def test_bundled_smollm2_eagle3_drafter(monkeypatch):
     """The shipped drafter resolves by name, is small bf16, keeps greedy outputs and gets accepted."""
     from draftwise.drafters import resolve_drafter
-    from draftwise.workloads import load_workload
+    from draftwise.bench.workloads import load_workload
 
     name = "draftwise/SmolLM2-135M-Instruct-eagle3"
     weights = load_file(resolve_drafter(name) + "/model.safetensors")

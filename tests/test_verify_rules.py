@@ -18,9 +18,9 @@ from test_rejection_sampler import _chi2_pvalue, _inputs, _meta
 from draftwise import LLM, SamplingParams
 from draftwise.config import EngineConfig
 from draftwise.sample.logits import uniform_noise
-from draftwise.sample.rejection_sampler import ACCEPT_STREAM, rejection_sample
-from draftwise.sample.verify_config import RejectionSamplerConfig
-from draftwise.sample.verify_rule import STANDARD, VerifyRule
+from draftwise.sample.verify.rejection_sampler import ACCEPT_STREAM, rejection_sample
+from draftwise.sample.verify.config import RejectionSamplerConfig
+from draftwise.sample.verify.rules import STANDARD, VerifyRule
 
 BLOCK = RejectionSamplerConfig(enable_block_verify=True).rule()
 CUMULATIVE = RejectionSamplerConfig(enable_block_verify=True, block_verify_mode="cumulative").rule()

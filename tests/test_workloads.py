@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from draftwise import workloads
-from draftwise.workloads import CODE_EDIT_SIZE, WORKLOADS, BenchPrompt, load_workload
+from draftwise.bench import workloads
+from draftwise.bench.workloads import CODE_EDIT_SIZE, WORKLOADS, BenchPrompt, load_workload
 
 EXPECTED = {"humaneval": 164, "code-edit": CODE_EDIT_SIZE, "chat": 24, "json": 16}
 

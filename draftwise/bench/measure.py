@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .. import LLM, SamplingParams, StructuredOutputsParams
 from ..spec_decode.metrics import SpecDecodingStats
-from ..workloads import BenchPrompt
+from .workloads import BenchPrompt
 from .options import BenchOptions, Configuration
 
 WARMUP_TOKENS = 8

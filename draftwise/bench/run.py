@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from ..workloads import BenchPrompt, load_workload
+from .workloads import BenchPrompt, load_workload
 from .measure import PassResult, PromptInput, build_engine, run_pass, sampling_params, tokenize_prompts
 from .options import BenchOptions, Configuration, configurations
 from .summary import Measurement, is_settled, summarize

@@ -10,7 +10,7 @@ read the fixed-shape result back to the host once.
 
 Tree drafts (``speculative_token_tree``): a sequence whose drafts carry parents runs each draft
 at its depth's position, attending to the context and its ancestors only (``TreeRows``), and
-verifies by following the target's draw down the tree (``sample/tree_verify.py``). Draft ``i``'s
+verifies by following the target's draw down the tree (``sample/verify/tree.py``). Draft ``i``'s
 K/V is written at slot ``root + 1 + i``; after verification the accepted path's K/V is moved to
 the slots of its positions (``root + depth``) and the step's hidden-state rows are reordered the
 same way, so the cache and a proposer reading the rows see the accepted tokens in position order.
@@ -36,7 +36,7 @@ from ..paged import ForwardInput, PagedModel
 from ..paged.batch import TreeRows
 from ..sample import (SpecDecodeMetadata, build_sampling_metadata, gather_logprobs, pack_logprobs, sample,
                       unpack_logprobs)
-from ..sample.verify_rule import STANDARD, VerifyRule
+from ..sample.verify.rules import STANDARD, VerifyRule
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetHidden
 from ..spec_decode.token_tree import ancestor_bits, depths_of
@@ -71,7 +71,7 @@ class ModelRunner:
         self.grammar = grammar  # step_masks(seqs, drafts) -> GrammarMasks | None (structured outputs)
         self.model = paged.model
         self.device = paged.device
-        self.verify_rule = verify_rule  # how sampled drafts are accepted (sample/verify_rule.py)
+        self.verify_rule = verify_rule  # how sampled drafts are accepted (sample/verify/rules.py)
         self.eos_token_ids = sorted(eos_token_ids)
         self.vocab_size = paged.model.config.vocab_size
 

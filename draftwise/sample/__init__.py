@@ -3,8 +3,8 @@ from .logprobs import HostLogprobs, TokenLogprobs, gather_logprobs, pack_logprob
 from .metadata import Penalties, SamplingMetadata, build_sampling_metadata
 from .sampler import HostSample, SamplerOutput, sample
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
-from .verify_config import RejectionSamplerConfig
-from .verify_rule import STANDARD, VerifyRule
+from .verify.config import RejectionSamplerConfig
+from .verify.rules import STANDARD, VerifyRule
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "STANDARD", "HostLogprobs", "HostSample", "Penalties", "RejectionSamplerConfig",
            "SamplerOutput", "SamplingMetadata", "SpecDecodeMetadata", "TokenLogprobs", "VerifyRule",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sequence import Sequence
-from .tree_verify import depths_of, path_nodes
+from .verify.tree import depths_of, path_nodes
 
 
 @dataclass

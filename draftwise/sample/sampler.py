@@ -4,8 +4,8 @@
 into this package. Without drafts (``spec is None``) every sequence has one row
 and draws one token as plain decoding does (``logits.py``). With drafts the
 rows are laid out as ``SpecDecodeMetadata`` says and the rejection sampler
-verifies them (``rejection_sampler.py``, with the ``VerifyRule`` chosen from
-``verify_config.py``). Either way the result has a fixed shape,
+verifies them (``verify/rejection_sampler.py``, with the ``VerifyRule`` chosen from
+``verify/config.py``). Either way the result has a fixed shape,
 ``[num_seqs, max_spec_len + 1]``, padded with ``PLACEHOLDER_TOKEN_ID``, and
 ``to_host`` turns it into Python lists with one transfer per tensor.
 
@@ -22,9 +22,9 @@ import torch
 from .logits import draw, process_logits
 from .logprobs import gather_logprobs
 from .metadata import SamplingMetadata
-from .rejection_sampler import rejection_sample
+from .verify.rejection_sampler import rejection_sample
 from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
-from .verify_rule import STANDARD, VerifyRule
+from .verify.rules import STANDARD, VerifyRule
 
 
 @dataclass

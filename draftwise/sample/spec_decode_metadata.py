@@ -12,7 +12,7 @@ Example: drafts ``[[7, 8], [], [9]]`` give ``num_draft_tokens = [2, 0, 1]``,
 Structured outputs: a sequence whose next draft the grammar forbade (and cut) while the drafts
 carry probabilities gives that draft's distribution ``q`` as its row of ``residual_probs``;
 its bonus token is then drawn as the cut draft's rejection would have drawn it
-(``rejection_sampler.py``).
+(``verify/rejection_sampler.py``).
 
 The rejection sampler works on the padded ``[num_seqs, max_spec_len]`` view
 (``draft_index``, ``draft_valid``), derived once here with tensor ops: no loop
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .tree_verify import depths_of
+from .verify.tree import depths_of
 
 PLACEHOLDER_TOKEN_ID = -1  # pads the [num_seqs, max_spec_len + 1] results past each sequence's tokens
 
@@ -40,7 +40,7 @@ class SpecDecodeMetadata:
     has_probs: torch.Tensor | None = None  # [num_seqs] bool: this sequence's drafts carry probs
     residual_probs: torch.Tensor | None = None  # [num_seqs, vocab] q of the draft the grammar cut, zeros if none
     has_residual: torch.Tensor | None = None  # [num_seqs] bool: a row of residual_probs applies
-    # Tree drafts (``tree_verify.py``): padded like ``padded_drafts``; a chain's parents are i - 1.
+    # Tree drafts (``verify/tree.py``): padded like ``padded_drafts``; a chain's parents are i - 1.
     draft_parents: torch.Tensor | None = None  # [num_seqs, max_spec_len] int64, -1 for the root's children
     draft_depths: torch.Tensor | None = None  # [num_seqs, max_spec_len] int64, 0 where padded
     # Derived, padded views (filled in __post_init__):

@@ -23,7 +23,7 @@ import ast
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..sample.tree_verify import depths_of, path_nodes
+from ..sample.verify.tree import depths_of, path_nodes
 from ..validate import PREFIX
 
 __all__ = ["KEY", "MAX_NODES", "TokenTree", "ancestor_bits", "depths_of", "path_nodes"]

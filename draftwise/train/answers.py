@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..llm import LLM
 from ..sampling_params import SamplingParams
-from ..workloads import BenchPrompt
+from ..bench.workloads import BenchPrompt
 from .magpie import Deduplicator, system_prompts, write_user_turns
 
 PROGRESS = "progress.json"

@@ -35,7 +35,7 @@ from ..llm import LLM
 from ..models.loader import SMOLLM2_NAME
 from ..sampling_params import SamplingParams
 from ..spec_decode.drafter_networks import eagle3_layer_ids
-from ..workloads import WORKLOADS, BenchPrompt, load_workload
+from ..bench.workloads import WORKLOADS, BenchPrompt, load_workload
 from .answers import AnswerLog, AnswerPlan, answer_all
 from .prompts import load_instruct
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from ..workloads import BenchPrompt
+from ..bench.workloads import BenchPrompt
 
 TOPICS = (
     "saving money", "learning a new language", "growing tomatoes", "sleeping better", "public speaking",

@@ -3,7 +3,7 @@
 The keys are vLLM-Ascend's (``RejectionSamplerConfig`` in its ``ascend_config.py``)
 plus ``block_verify_mode``; every one is optional and all are off by default:
 
-* ``enable_block_verify`` (False): verify the draft block jointly (``verify_rules.py``).
+* ``enable_block_verify`` (False): verify the draft block jointly (``formulas.py``).
   Acts only when ``num_speculative_tokens >= 3``, as in vLLM-Ascend
   (``for_num_speculative_tokens``).
 * ``block_verify_mode`` ("lossless"): ``"lossless"`` is Sun et al. 2024
@@ -26,8 +26,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ..validate import check_bool, check_choice, check_float
-from .verify_rule import CumulativeBlockRule, Entropy, LosslessBlockRule, StandardRule, VerifyRule
+from ...validate import check_bool, check_choice, check_float
+from .rules import CumulativeBlockRule, Entropy, LosslessBlockRule, StandardRule, VerifyRule
 
 PREFIX = "additional_config['rejection_sampler_config']"
 BLOCK_VERIFY_MODES = ("lossless", "cumulative")
@@ -79,7 +79,7 @@ class RejectionSamplerConfig:
         return self.rule().lossless
 
     def rule(self) -> VerifyRule:
-        """The rule this configuration selects for sampled drafts (``verify_rule.py``)."""
+        """The rule this configuration selects for sampled drafts (``rules.py``)."""
         entropy = Entropy(self.posterior_alpha, self.posterior_threshold) if self.enable_entropy_verify else None
         if self.block_mode == "lossless":
             return LosslessBlockRule(entropy)

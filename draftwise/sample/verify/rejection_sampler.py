@@ -24,13 +24,13 @@ Rules (Leviathan et al. 2023, as vLLM):
   ``u * q(x) <= p(x)``; at the first rejection emit a draw from
   ``norm(max(0, p - q))``; if all are accepted emit the bonus token from ``p``.
   ``u`` and the residual draw use their own noise streams.
-* ``rule`` (a ``VerifyRule``, ``verify_rule.py``, chosen once from
+* ``rule`` (a ``VerifyRule``, ``rules.py``, chosen once from
   ``additional_config["rejection_sampler_config"]``) decides for sampled rows:
   the standard rule above by default; block verify (lossless: Sun et al.
   Algorithm 2; or vLLM-Ascend's cumulative rule) and entropy verify (lossy)
   where configured. Greedy rows never change.
 * Tree drafts (``spec.draft_parents``): one-hot, verified by following the target's own draw down
-  the tree (``tree_verify.py``); the result also gives the accepted path's drafts.
+  the tree (``tree.py``); the result also gives the accepted path's drafts.
 * A draft the grammar forbade was cut before verification (structured outputs); if it carried
   ``q``, its rejection was certain (the grammar masks ``p(x)`` to 0), so when every kept draft
   is accepted the token at its position is drawn from ``norm(max(0, p - q))`` with the residual
@@ -45,11 +45,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .logits import draw, process_logits, uniform_noise
-from .metadata import SamplingMetadata
-from .spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
-from .tree_verify import tree_accept
-from .verify_rule import ACCEPT_STREAM, RESIDUAL_STREAM, STANDARD, SampledRows, VerifyRule, num_leading
+from ..logits import draw, process_logits, uniform_noise
+from ..metadata import SamplingMetadata
+from ..spec_decode_metadata import PLACEHOLDER_TOKEN_ID, SpecDecodeMetadata
+from .tree import tree_accept
+from .rules import ACCEPT_STREAM, RESIDUAL_STREAM, STANDARD, SampledRows, VerifyRule, num_leading
 
 __all__ = ["ACCEPT_STREAM", "RESIDUAL_STREAM", "VerifyInput", "VerifyOutput", "rejection_sample"]
 

@@ -20,7 +20,7 @@ writes the token after them (the recovered token) into ``final`` for the sequenc
   ``tau = min(exp(-alpha H(p)), threshold)`` lower the acceptance bar; on the standard and the
   lossless block rule they also relax one-hot drafts (``one_hot_entropy_accept``).
 
-The formulas live in ``verify_rules.py``; this module decides which apply to which rows.
+The formulas live in ``formulas.py``; this module decides which apply to which rows.
 Batched over sequences and positions, no host sync.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Protocol
 
 import torch
 
-from .logits import uniform_noise
-from .metadata import SamplingMetadata
-from .verify_rules import block_verify, entropy_thresholds, one_hot_entropy_accept, residuals
+from ..logits import uniform_noise
+from ..metadata import SamplingMetadata
+from .formulas import block_verify, entropy_thresholds, one_hot_entropy_accept, residuals
 
 ACCEPT_STREAM = 1  # noise stream of the acceptance uniforms u
 RESIDUAL_STREAM = 2  # noise stream of the recovered-token draw
