@@ -1,5 +1,7 @@
 """Every architecture loads from a GGUF as llama.cpp writes it, and matches transformers.
 
+Phi-3 stores q/k/v and gate/up fused (``attn_qkv``, ``ffn_up``): they load as the fused tensors.
+
 A tiny random transformers model of each architecture is written the way llama.cpp's converter
 writes it (gguf's tensor names, llama's q/k rows permuted, Gemma's norms as 1 + w, F32 values), with
 the metadata keys of its architecture and a small BPE vocabulary. draftwise then loads the file
@@ -15,6 +17,8 @@ import pytest
 import torch
 from test_loader import _logits
 
+from draftwise.layers import gguf_linear
+from draftwise.layers.gguf_linear import GGUFLinear
 from draftwise.models.loader import load_transformers_model, resolve_model
 from transformers import AutoConfig, AutoTokenizer
 
@@ -41,6 +45,9 @@ def _config(arch: str):
         return tf.Qwen3Config(**COMMON, head_dim=128, rope_theta=1000000.0, tie_word_embeddings=False)
     if arch == "gemma3":  # sandwich norms stored as 1 + w, q/k norms, sliding-window layers
         return tf.Gemma3TextConfig(**COMMON, head_dim=32, rope_theta=1000000.0, sliding_window=4)
+    if arch == "phi3":  # q/k/v and gate/up stored fused, one sliding window for every layer
+        return tf.Phi3Config(**COMMON, rope_theta=10000.0, tie_word_embeddings=False, sliding_window=4,
+                             pad_token_id=0)
     raise KeyError(arch)
 
 
@@ -77,6 +84,7 @@ def _metadata(writer: gguf.GGUFWriter, config) -> None:
     writer.add_token_merges(["a b"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)  # Phi-3's default pad id (32000) is past this vocabulary
 
 
 def _permuted(weight: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's rotary row order
@@ -84,7 +92,8 @@ def _permuted(weight: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp's rot
         weight.shape)
 
 
-def write_gguf(path, model, gguf_arch: str) -> None:
+def write_gguf(path, model, gguf_arch: str, qtype: str | None = None) -> None:
+    """``model`` as llama.cpp writes it for ``gguf_arch``: F32, or its projections in ``qtype``."""
     config = model.config
     arch_id = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}[gguf_arch]
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
@@ -103,7 +112,11 @@ def write_gguf(path, model, gguf_arch: str) -> None:
             array = _permuted(array, config.num_key_value_heads)
         elif gguf_arch == "gemma3" and name.endswith("norm.weight"):
             array = array + 1.0
-        writer.add_tensor(name, array)
+        if qtype is not None and array.ndim == 2 and name.startswith("blk."):
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -115,7 +128,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma3", "phi3"])
 def test_architecture_loads_from_gguf_and_matches_transformers(arch, tmp_path, cache):
     model = _random_model(arch)
     path = tmp_path / f"{arch}.gguf"
@@ -136,7 +149,26 @@ def test_architecture_loads_from_gguf_and_matches_transformers(arch, tmp_path, c
     ids = torch.tensor([1, 5, 9, 30, 31, 7, 2, 44, 60])
     with torch.no_grad():
         ref = model(ids[None]).logits[0]
-        if arch != "mistral":  # transformers' GGUF reader looks for a gguf arch named "mistral", which has none
+        # transformers' GGUF reader looks for a gguf arch named "mistral", which has none, and drops Phi-3's
+        # attention.sliding_window (its model then attends past the window)
+        if arch not in ("mistral", "phi3"):
             theirs = load_transformers_model(out, torch.float32)(ids[None]).logits[0]
             assert torch.allclose(theirs, ref, atol=1e-4)  # transformers reads the file as we wrote it
     assert torch.allclose(_logits(ours, ids), ref, atol=1e-4)
+
+
+@pytest.mark.skipif(not gguf_linear.available(), reason="the C++ CPU kernels did not build")
+def test_fused_projections_run_on_their_blocks(tmp_path, cache):
+    """Phi-3's fused q/k/v and gate/up, quantized, run on the file's blocks as one linear each."""
+    model = _random_model("phi3")
+    path = tmp_path / "phi3-q8.gguf"
+    write_gguf(path, model, "phi3", "Q8_0")
+    out = resolve_model(path)
+    config, cpu = load_config(out), torch.device("cpu")
+    blocks = build_model(out, config, torch.float32, cpu, max_positions=64, gguf_weights="quantized")
+    floats = build_model(out, config, torch.float32, cpu, max_positions=64)  # de-quantized from the same file
+    assert all(isinstance(getattr(layer, m), GGUFLinear) for layer in blocks.layers
+               for m in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+    ids = torch.tensor([1, 5, 9, 30, 31, 7, 2, 44, 60])
+    ref = _logits(floats, ids)
+    assert (_logits(blocks, ids) - ref).norm() / ref.norm() < 0.05  # 8-bit activations against float ones

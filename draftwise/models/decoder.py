@@ -139,11 +139,12 @@ class DecoderLM(nn.Module):
         self.tp = tp if self.layout.world_size > 1 else None
         num_layers = config.num_hidden_layers
         self.layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * num_layers)
-        if config.model_type == "mistral" and getattr(config, "sliding_window", None):
-            self.layer_types = ["sliding_attention"] * num_layers
+        if config.model_type in ("mistral", "phi3") and getattr(config, "sliding_window", None):
+            self.layer_types = ["sliding_attention"] * num_layers  # one window for every layer
         self.sliding_window = getattr(config, "sliding_window", None)
         if getattr(config, "attn_logit_softcapping", None):
             raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
+        _check_rope(config, max_positions)
         self.embed_tokens = (VocabParallelEmbedding(self.layout, config.hidden_size, self.tp) if self.tp
                              else nn.Embedding(config.vocab_size, config.hidden_size,
                                                _weight=_uninitialized(config.vocab_size, config.hidden_size)))
@@ -233,6 +234,19 @@ class DecoderLM(nn.Module):
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def _check_rope(config, max_positions: int) -> None:
+    """Refuse the rotary embeddings the tables of ``rope_tables`` do not reproduce."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial_rotary_factor={params['partial_rotary_factor']} (rotary embedding on part of "
+                         "each head) is not supported; allowed: 1.0")
+    original = params.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None)
+    if params.get("rope_type") == "longrope" and original and max_positions > original:
+        raise ValueError(f"max_model_len={max_positions} is past this model's original context ({original}): "
+                         f"its long-context rope factors are not supported; lower max_model_len to {original}")
 
 
 def move_keeping_fp32_norms(module: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

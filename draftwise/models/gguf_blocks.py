@@ -29,9 +29,9 @@ from torch import nn
 from ..layers.gguf_embedding import GGUFEmbedding
 from ..layers.gguf_linear import QTYPE_IDS, ConcatLinear, GGUFLinear
 from .gguf_file import GGUFFile
+from .hf_names import layer_names
 
-_FUSED = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o_proj": ("self_attn.o_proj",),
-          "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"), "down_proj": ("mlp.down_proj",)}
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # a layer's projections, by our module name
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
 
@@ -58,8 +58,8 @@ def _on_blocks(gguf: GGUFFile, names: list[str]) -> bool:
 def _layer_linears(gguf: GGUFFile, index: int) -> dict[str, nn.Module]:
     """Layer ``index``'s projections the kernel runs, by module name (no bias yet)."""
     linears = {}
-    for module, parts in _FUSED.items():
-        names = [f"model.layers.{index}.{part}.weight" for part in parts]
+    for module in LINEARS:
+        names = layer_names(f"model.layers.{index}.", module, "weight", False, gguf)
         if _on_blocks(gguf, names):
             linears[module] = _fused(gguf, names)
     return linears
@@ -106,7 +106,8 @@ def apply_gguf_blocks(model, gguf: GGUFFile, loader: BlockLoader | None = None) 
     for i, (layer, linears) in enumerate(zip(model.layers, layers)):
         for module, linear in linears.items():
             if getattr(layer, module).bias is not None:
-                linear.bias = torch.cat([gguf.read(f"model.layers.{i}.{part}.bias") for part in _FUSED[module]])
+                linear.bias = torch.cat([gguf.read(name)
+                                         for name in layer_names(f"model.layers.{i}.", module, "bias", False, gguf)])
             setattr(layer, module, linear)
             swapped += 1
     hidden = model.config.hidden_size

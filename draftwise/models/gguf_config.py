@@ -4,9 +4,9 @@
 long array is decoded) through ``GGUF_TO_TRANSFORMERS_MAPPING`` and the per-architecture
 defaults, as transformers' ``load_gguf_checkpoint`` does, and builds the config with
 ``AutoConfig.for_model``. It is what transformers would make of the file, in milliseconds
-instead of the seconds its ``GGUFReader`` spends on a large vocabulary, except that a head size the
-file states (``attention.key_length``) is always taken, where transformers' tables leave some
-architectures (Qwen3) at their default.
+instead of the seconds its ``GGUFReader`` spends on a large vocabulary, except that a head size and
+a sliding window the file states (``attention.key_length``, ``attention.sliding_window``) are always
+taken, where transformers' tables leave some architectures (Qwen3; Phi-3) at their default.
 """
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ def _config_dict(header: GGUFHeader) -> dict:
     from transformers.modeling_gguf_pytorch_utils import GGUF_TO_TRANSFORMERS_MAPPING
 
     arch, model_type = header.get("general.architecture"), _model_type(header)
+    if "rope_factors_long.weight" in header.tensors:
+        raise ValueError(f"this {arch} GGUF carries long-context rope factors (rope_factors_long): "
+                         "not supported yet; a model without them (e.g. a 4k-context variant) loads")
     renames = GGUF_TO_TRANSFORMERS_MAPPING["config"]
     config = {}
     for key, value in header.fields.items():
@@ -40,6 +43,9 @@ def _config_dict(header: GGUFHeader) -> dict:
     key_length = header.get(f"{arch}.attention.key_length")
     if key_length is not None and "head_dim" not in config:  # transformers' tables skip it for some archs
         config["head_dim"] = key_length
+    window = header.get(f"{arch}.attention.sliding_window")
+    if window is not None and "sliding_window" not in config:  # Phi-3's, which transformers' tables drop
+        config["sliding_window"] = window
     for key, value in GGUF_CONFIG_DEFAULTS_MAPPING.get(model_type, {}).items():
         config.setdefault(key, value)
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in header.fields:

@@ -25,6 +25,7 @@ from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
 from .gguf_blocks import BlockLoader, apply_gguf_blocks
 from .gguf_int4 import apply_gguf_int4
+from .hf_names import layer_names
 from .loader import cache_root, gguf_source, open_checkpoint
 from .quantize import WEIGHT_ONLY, quantize_linears
 from .shard_layout import ShardLayout
@@ -37,14 +38,9 @@ ARCH_SPECS: dict[str, ArchSpec] = {
     "mistral": ArchSpec(),
     "qwen2": ArchSpec(qkv_bias=True),
     "qwen3": ArchSpec(qk_norm=True),
+    "phi3": ArchSpec(),  # q/k/v and gate/up stored fused (hf_names.py); one sliding window for every layer
     "gemma3_text": GEMMA,
     "gemma3": GEMMA,
-}
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-_HF_NAMES = {  # our per-layer module -> its Hugging Face name
-    "o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj", "input_norm": "input_layernorm",
-    "post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm",
-    "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
 }
 
 
@@ -215,7 +211,7 @@ def _source_names(name: str, reader, sandwich: bool) -> list[str]:
     if name == "lm_head.weight":  # tied checkpoints may store the embedding only
         return ["lm_head.weight" if "lm_head.weight" in reader else "model.embed_tokens.weight"]
     _, idx, module, leaf = name.split(".", 3)  # layers.{i}.{module}.{weight|bias}
-    return layer_names(f"model.layers.{idx}.", module, leaf, sandwich)
+    return layer_names(f"model.layers.{idx}.", module, leaf, sandwich, reader)
 
 
 def load_layer(layer: nn.Module, weights: dict[str, torch.Tensor], prefix: str, what: str,
@@ -252,22 +248,10 @@ def layer_hf_tensors(layer: nn.Module, prefix: str, skip: tuple[str, ...] = ()) 
 
 
 def _missing(weights: dict, prefix: str, module: str, leaf: str) -> str:
-    return next(name for name in layer_names(prefix, module, leaf, False) if name not in weights)
-
-
-def layer_names(prefix: str, module: str, leaf: str, sandwich: bool) -> list[str]:
-    """The checkpoint names behind one of our per-layer parameters (q/k/v and gate/up: three / two)."""
-    if module in _FUSED:
-        group = "self_attn." if module == "qkv_proj" else "mlp."
-        return [f"{prefix}{group}{p}.{leaf}" for p in _FUSED[module]]
-    if module == "pre_mlp_norm":  # Llama calls the pre-MLP norm post_attention_layernorm
-        hf = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
-    else:
-        hf = _HF_NAMES[module]
-    return [f"{prefix}{hf}.{leaf}"]
+    return next(name for name in layer_names(prefix, module, leaf, False, weights) if name not in weights)
 
 
 def layer_tensor(weights: dict, prefix: str, module: str, leaf: str, sandwich: bool) -> torch.Tensor | None:
     """The checkpoint tensor (q/k/v and gate/up fused) behind one of our per-layer parameters."""
-    parts = [weights.get(name) for name in layer_names(prefix, module, leaf, sandwich)]
+    parts = [weights.get(name) for name in layer_names(prefix, module, leaf, sandwich, weights)]
     return None if any(p is None for p in parts) else torch.cat(parts, 0)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from .hf_names import is_fused
 from .shard_layout import ShardLayout
 
 
@@ -67,6 +68,9 @@ def read_param(reader: CheckpointReader, module: str, leaf: str, parts: list[str
     """One parameter (``{module}.{leaf}``) of this rank, from the checkpoint tensors ``parts``."""
     if layout.world_size == 1:
         return torch.cat([reader.read(p) for p in parts]) if len(parts) > 1 else reader.read(parts[0])
+    if is_fused(parts, module):
+        raise ValueError(f"tensor_parallel_size={layout.world_size} cannot split {parts[0]}: a checkpoint that "
+                         "stores q/k/v or gate/up fused (Phi-3) runs on one rank (tensor_parallel_size=1)")
     q = (layout.q_heads[0] * head_dim, layout.q_heads[1] * head_dim)
     kv = (layout.kv_heads[0] * head_dim, layout.kv_heads[1] * head_dim)
     if module == "qkv_proj":
