@@ -4,8 +4,8 @@
         [--llama-bench PATH] [--files llama-3.2-1b:Q4_0,llama-3.1-8b:Q4_K_M] [--out FILE.json]
 
 Each file is a random-weight GGUF in a real model's shapes (``scripts/make_shaped_gguf.py``,
-written once into the cache). For each file, one after the other in fresh processes
-(``scale_runner.py``): draftwise's default path, then llama.cpp through llama-cpp-python (start-up
+written once into the cache), read through once so both engines find it in the page cache. For
+each file, one after the other in fresh processes (``scale_runner.py``): draftwise's default path, then llama.cpp through llama-cpp-python (start-up
 and peak memory, and speeds when no ``llama-bench`` is given); with ``--llama-bench``, llama.cpp's
 speeds come from its own C++ tool (prefill of ``--prefill`` tokens, ``--decode`` tokens generated at
 depth 0 and ``--depth``). Both engines get 2 threads and a KV cache of ``--n-ctx`` tokens.
@@ -61,8 +61,17 @@ def llama_bench(binary: str, gguf: Path, args) -> dict:
             "decode_deep_tps": speed.get((0, args.decode, args.depth))}
 
 
+def read_through(gguf: Path) -> None:
+    """Read the whole file once, so both engines start with it in the page cache (the first to run
+    would otherwise pay the disk alone)."""
+    with open(gguf, "rb") as f:
+        while f.read(64 << 20):
+            pass
+
+
 def measure_file(spec: str, args) -> dict:
     gguf = shaped_gguf(spec)
+    read_through(gguf)
     ours = run_engine(sys.executable, "draftwise", gguf, args)
     theirs = run_engine(args.llamacpp_python, "llamacpp", gguf, args, speed=not args.llama_bench)
     if args.llama_bench:

@@ -54,7 +54,7 @@ from ..errors import EngineDeadError
 from ..metrics.reader import Metric
 from ..metrics.recorder import StatsRecorder
 from ..models.generation_config import sampling_defaults
-from ..models.loader import SMOLLM2_NAME, resolve_model
+from ..models.loader import SMOLLM2_NAME, gguf_file, resolve_model
 from ..models.registry import build_model, load_blocks_ahead, load_config, load_tokenizer
 from ..models.shard_layout import check_divisible
 from ..outputs import RequestOutput
@@ -88,13 +88,14 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        path = resolve_model(config.model)
-        config.model_path = path
         extra = config.additional_config or {}
         self.gguf_weights = extra.get("gguf_weights", config.default_gguf_weights)
-        blocks = load_blocks_ahead(path, device=config.torch_device, world_size=config.tensor_parallel_size,
-                                   gguf_weights=self.gguf_weights, gguf_int4=extra.get("gguf_int4", False),
-                                   quantization=config.quantization)  # while the config and tokenizer load
+        blocks = load_blocks_ahead(gguf_file(config.model), device=config.torch_device,  # while the folder,
+                                   world_size=config.tensor_parallel_size, gguf_weights=self.gguf_weights,
+                                   gguf_int4=extra.get("gguf_int4", False),  # config and tokenizer load
+                                   quantization=config.quantization)
+        path = resolve_model(config.model)
+        config.model_path = path
         self.hf_config = load_config(path)
         check_divisible(self.hf_config, config.tensor_parallel_size)  # before anything else is resolved
         self.tokenizer = load_tokenizer(config.tokenizer or path)

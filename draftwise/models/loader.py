@@ -78,6 +78,19 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     raise ValueError(f"cannot load model {str(model)!r}: {_NO_NETWORK}")
 
 
+def gguf_file(model: str | os.PathLike | None) -> Path | None:
+    """The GGUF file ``model`` (as ``resolve_model`` takes it) runs from, found without converting
+    anything (so its blocks can load while the folder is written); None for a safetensors folder."""
+    if model is None or str(model) == SMOLLM2_NAME:
+        return _smollm2_gguf()
+    if str(model) == GEMMA3_NAME:
+        return _gemma3_gguf()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return gguf_source(path)
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 def load_weights(path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Read all ``*.safetensors`` files in ``path`` into one dict, cast to ``dtype``."""
     from safetensors.torch import load_file

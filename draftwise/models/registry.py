@@ -24,6 +24,7 @@ from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
 from .gguf_blocks import BlockLoader, apply_gguf_blocks
+from .gguf_file import GGUFFile
 from .gguf_int4 import apply_gguf_int4
 from .hf_names import layer_names
 from .loader import cache_root, gguf_source, open_checkpoint
@@ -93,21 +94,22 @@ def _written_config(path: Path):
     return config
 
 
-def runs_on_blocks(path: Path, device: torch.device, world_size: int, gguf_weights: str, gguf_int4: bool,
+def runs_on_blocks(gguf: Path | None, device: torch.device, world_size: int, gguf_weights: str, gguf_int4: bool,
                    quantization: str | None) -> bool:
-    """Whether ``build_model`` runs this model's linears on its GGUF file's blocks."""
-    return (gguf_source(path) is not None and gguf_weights == "quantized" and not gguf_int4
+    """Whether ``build_model`` runs the linears of a model from the GGUF file ``gguf`` on its blocks."""
+    return (gguf is not None and gguf_weights == "quantized" and not gguf_int4
             and quantization not in WEIGHT_ONLY and device.type == "cpu" and world_size == 1
             and gguf_linear.available())
 
 
-def load_blocks_ahead(path: Path, **where) -> BlockLoader | None:
-    """Start making the GGUF linears of ``path`` in the background (``runs_on_blocks(path, **where)``
-    must hold, else None): pass the loader to ``build_model``, which then waits for it."""
-    if not runs_on_blocks(path, **where):
+def load_blocks_ahead(gguf: Path | None, **where) -> BlockLoader | None:
+    """Start making the GGUF linears of the file ``gguf`` in the background (``runs_on_blocks(gguf,
+    **where)`` must hold, else None), even before its folder is written: pass the loader to
+    ``build_model``, which then waits for it."""
+    if not runs_on_blocks(gguf, **where):
         return None
-    gguf = open_checkpoint(path)
-    return BlockLoader(gguf, int(gguf.header.get(f"{gguf.arch}.block_count")))
+    reader = GGUFFile(gguf)
+    return BlockLoader(reader, int(reader.header.get(f"{reader.arch}.block_count")))
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
@@ -129,7 +131,7 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
                          "layers are not sharded")
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions, layout, tp)
-    on_blocks = runs_on_blocks(path, device, layout.world_size, gguf_weights, gguf_int4, quantization)
+    on_blocks = runs_on_blocks(gguf_source(path), device, layout.world_size, gguf_weights, gguf_int4, quantization)
     reader = blocks.gguf if blocks is not None and on_blocks else open_checkpoint(path)
     model.num_gguf_linears = apply_gguf_blocks(model, reader, blocks) if on_blocks else 0
     _materialize(model)
