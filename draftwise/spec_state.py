@@ -3,12 +3,12 @@
 Who calls what (the speculation side; ``tests/test_layout.py`` forbids assigning its fields
 anywhere else):
 
-* ``engine/speculation.py``: ``set_drafts`` after the proposer ran, ``observe`` after a verify
+* ``engine/drafting/speculator.py``: ``set_drafts`` after the proposer ran, ``observe`` after a verify
   step, ``roll_back`` with the new end ``BlockManager.rollback`` returns;
 * the engine: ``clear_drafts`` once a step verified them;
 * ``engine/structured_outputs.py``: ``cut_drafts`` where the grammar forbids a draft;
 * proposers (``spec_decode/``): ``drafter_advanced`` as the drafter's own KV cache fills;
-* ``engine/draft_length.py``: ``estimate`` / ``decay_estimate``, the draft-length policy's evidence;
+* ``engine/drafting/length.py``: ``estimate`` / ``decay_estimate``, the draft-length policy's evidence;
 * admission and preemption (``engine/scheduler.py``): ``admit`` with what the prefix cache found
   (``BlockManager.match_prefix``), ``reset`` when the K/V is dropped.
 

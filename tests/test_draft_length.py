@@ -9,8 +9,8 @@ import numpy as np
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.draft_length import PROBE_EVERY, DraftLengthPolicy
-from draftwise.engine.step_cost import StepCostModel
+from draftwise.engine.drafting.length import PROBE_EVERY, DraftLengthPolicy
+from draftwise.engine.drafting.step_cost import StepCostModel
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
 

@@ -8,7 +8,7 @@ from conftest import PROMPTS, greedy
 
 from draftwise import LLM
 from draftwise.engine.scheduler import MIN_PREFILL_CHUNK
-from draftwise.engine.step_cost import StepCostModel
+from draftwise.engine.drafting.step_cost import StepCostModel
 
 # Different lengths so that requests finish at different steps; PROMPTS[3] is the EOS
 # prompt of the fixture model and stops early on EOS (ignore_eos is off here).

@@ -8,7 +8,7 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.step_cost import StepCostModel
+from draftwise.engine.drafting.step_cost import StepCostModel
 
 KEYS = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
         "spec_decode_num_accepted_tokens_per_pos", "spec_decode_acceptance_rate",

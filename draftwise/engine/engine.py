@@ -70,8 +70,8 @@ from .model_limits import eos_token_ids, resolve_max_model_len
 from .prompt_input import tokenize_prompt
 from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
-from .speculation import Speculator
-from .step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
+from .drafting.speculator import Speculator
+from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .structured_outputs import GrammarRefusal, StructuredOutputs
 
 logger = logging.getLogger("draftwise")
@@ -185,7 +185,7 @@ class LLMEngine:
         """Two step-cost models seeded with the same timed forwards: one learns from every step (it
         bounds prefill), one only from steps without prefill (it prices drafts: a decode or verify
         row of a long context costs more than a prefill row, so prefill steps would under-price
-        them). ``DRAFTWISE_VERIFY_ROW_COST`` fixes both instead (see ``step_cost.py``)."""
+        them). ``DRAFTWISE_VERIFY_ROW_COST`` fixes both instead (see ``drafting/step_cost.py``)."""
         row_cost = fixed_row_cost()
         if row_cost is not None:
             return StepCostModel.fixed(row_cost, max_num_tokens), StepCostModel.fixed(row_cost, max_num_tokens)
@@ -439,7 +439,7 @@ class LLMEngine:
     def get_spec_decode_stats(self) -> dict:
         """Speculative decoding counters since start-up and their derived rates (empty without speculation),
         why sequences drafted fewer than ``num_speculative_tokens`` (``spec_decode_draft_limits``, by the
-        reasons of ``draft_plan.py``), and the grammar's drafts (``grammar_num_draft_tokens``,
+        reasons of ``drafting/plan.py``), and the grammar's drafts (``grammar_num_draft_tokens``,
         ``..._accepted_tokens``) once structured outputs ran."""
         spec = {}
         if self.speculator:

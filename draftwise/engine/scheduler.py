@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ..paged import BlockManager
 from ..sequence import Sequence, SequenceStatus
 from .prompt_logprobs import scores_prompt
-from .step_cost import StepCostModel, decode_keys
+from .drafting.step_cost import StepCostModel, decode_keys
 
 MIN_PREFILL_CHUNK = 16  # prefill tokens a step may always take
 MARGIN_QUANTILE = 0.95  # the prefill bound holds for this share of mixed steps, not only on average

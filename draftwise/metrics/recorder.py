@@ -17,7 +17,7 @@ its turn. ``snapshot()`` may run on any thread (a lock guards the state) and ret
   ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens`` and
   the ``Vector`` ``vllm:spec_decode_num_accepted_tokens_per_pos``, and draftwise's own
   ``draftwise:spec_decode_draft_limits{reason}`` (per sequence and step, what limited its
-  drafts: ``engine/draft_plan.py``);
+  drafts: ``engine/drafting/plan.py``);
 * gauges: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (0..1);
 * histograms, per request: ``vllm:time_to_first_token_seconds`` (arrival to first token),
@@ -90,7 +90,7 @@ class StatsRecorder:
         self.gauges = dict.fromkeys(GAUGES, 0.0)
         self.spec = dict.fromkeys(SPEC_COUNTERS, 0) if num_spec_tokens is not None else {}
         self.per_pos = [0] * (num_spec_tokens or 0)
-        self.draft_limits: dict[str, int] = {}  # reason -> sequences-and-steps (engine/draft_plan.py)
+        self.draft_limits: dict[str, int] = {}  # reason -> sequences-and-steps (engine/drafting/plan.py)
         self.histograms = _histograms(max_model_len)
         self.logger: StatLogger | None = None  # the periodic log lines; None with disable_log_stats
         self.engine_index = 0  # vLLM's engine label and log prefix ("Engine 001"): a data-parallel replica's index

@@ -1,6 +1,6 @@
 """What a drafter's forward costs, measured as it runs: the price of drafting deeper.
 
-The draft-length policy (``engine/draft_length.py``) weighs each draft's expected
+The draft-length policy (``engine/drafting/length.py``) weighs each draft's expected
 gain against the rows it adds to the target's step; a model-based drafter also
 spends its own forwards to produce it (EAGLE's chain runs one per draft after
 the first, a draft model one per draft). ``ForwardTimer`` keeps a moving average

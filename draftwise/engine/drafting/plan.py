@@ -10,10 +10,10 @@ when it drafts ``num_speculative_tokens``. Limits, in order:
 * ``request``: the request's own ``num_speculative_tokens`` (``SamplingParams.extra_args``);
 * ``max_tokens``: the room left before ``max_model_len`` or the request's ``max_tokens``;
 * ``batch_size``: ``disable_by_batch_size`` / ``num_speculative_tokens_per_batch_size``;
-* ``step_cost``: the drafts worth verifying in this batch (``draft_length.py``);
+* ``step_cost``: the drafts worth verifying in this batch (``length.py``);
 * ``kv_cache``: the KV blocks the drafter's cache can get;
 * ``proposer``: the proposer drafted fewer (no match in the context, a short suffix path, ...);
-* ``confidence``: a confidence-based cut of model drafts (``draft_length.py``).
+* ``confidence``: a confidence-based cut of model drafts (``length.py``).
 
 The plan is logged at debug level (one line per step) and its reasons are counted for the
 engine's lifetime (``get_spec_decode_stats()["spec_decode_draft_limits"]``, and

@@ -2,7 +2,7 @@
 from the engine's own steps.
 
 Two decisions price rows against step time: how many drafts are worth verifying
-(``draft_length.py``: a draft pays when its expected accepted tokens outweigh
+(``length.py``: a draft pays when its expected accepted tokens outweigh
 its rows' share of the step) and how much prefill may join a step while other
 sequences decode (``scheduler.py``: a prefill chunk must not stretch their
 inter-token gap). Both read one ``StepCostModel``:
@@ -56,7 +56,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..paged import ForwardInput
+from ...paged import ForwardInput
 
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error

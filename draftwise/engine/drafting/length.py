@@ -64,8 +64,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..sequence import Sequence
-from ..spec_decode.token_tree import TokenTree
+from ...sequence import Sequence
+from ...spec_decode.token_tree import TokenTree
 from .step_cost import StepCostModel
 
 PRIOR = 0.5  # acceptance assumed before any draft was verified

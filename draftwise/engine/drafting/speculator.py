@@ -9,11 +9,11 @@
    policy's acceptance estimates are updated.
 3. (the engine appends the emitted tokens and releases finished sequences)
 4. ``propose``: the proposer drafts for every sequence still running, as many
-   as the step's ``DraftPlan`` allows (``draft_plan.py``: ``num_speculative_tokens``
+   as the step's ``DraftPlan`` allows (``plan.py``: ``num_speculative_tokens``
    lowered by the drafter's cache and context limit, the request, ``max_model_len``
    and ``max_tokens``, the batch-size limits of ``speculative_config``
    (``spec_decode/batch_limits.py``, counted over the sequences still running), the
-   drafts worth verifying in this batch (``draft_length.py``, priced by the engine's
+   drafts worth verifying in this batch (``length.py``, priced by the engine's
    ``StepCostModel``) and the KV blocks it can get), then the plan records what the
    proposer drafted and any confidence cut, with the reason each sequence got no more.
 """
@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import logging
 
-from ..layers.attention import PAGED_CHUNK_KEYS
-from ..paged import BlockManager, KVPool
-from .fault_isolation import find_failing
-from ..sequence import Sequence
-from ..spec_decode.config import SpeculativeConfig
-from ..spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
-from ..spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
-from ..spec_decode.suffix_mix import SuffixMix
-from ..validate import PREFIX
-from .draft_length import DraftLengthPolicy
-from .draft_plan import DraftLimitCounts, DraftPlan
-from .model_runner import StepResult
+from ...layers.attention import PAGED_CHUNK_KEYS
+from ...paged import BlockManager, KVPool
+from ...sequence import Sequence
+from ...spec_decode.config import SpeculativeConfig
+from ...spec_decode.interface import ProposeBatch, ProposerNeeds, TargetInfo
+from ...spec_decode.metrics import SpecDecodingLogger, SpecDecodingStats
+from ...spec_decode.suffix_mix import SuffixMix
+from ...validate import PREFIX
+from ..fault_isolation import find_failing
+from ..model_runner import StepResult
+from .length import DraftLengthPolicy
+from .plan import DraftLimitCounts, DraftPlan
 from .step_cost import StepCostModel
 
 logger = logging.getLogger("draftwise")
