@@ -31,3 +31,19 @@ def test_kernels_built_for_a_lesser_isa(march):
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=TESTS.parent, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]
+
+
+def test_the_build_key_names_compiler_and_flags(monkeypatch):
+    """Another compiler, compiler version or flag set is another library, never a stale one."""
+    key = native.build_key()
+    native.build_key.cache_clear()
+    try:
+        monkeypatch.setattr(native, "_flags", lambda: ["-O2"])
+        assert native.build_key() != key
+        native.build_key.cache_clear()
+        monkeypatch.setattr(native, "_compiler_version", lambda compiler: "g++ (other) 99.1")
+        assert native.build_key() != key
+    finally:
+        monkeypatch.undo()
+        native.build_key.cache_clear()
+    assert native.build_key() == key

@@ -8,9 +8,9 @@ and ``draftwise_cpu::gguf_linear`` / ``gguf_repack`` (linears on GGUF blocks as 
 ``load()`` compiles ``csrc/*.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
-the source, torch version and CPU, and registers ``torch.ops.draftwise_cpu.*``. It
-returns False, and logs why, where no compiler or no build works: callers then keep
-the pure-torch path. ``DRAFTWISE_NATIVE=0`` turns the kernels off;
+the source, torch version, CPU, compiler and flags (``build_key``), and registers
+``torch.ops.draftwise_cpu.*``. It returns False, and logs why, where no compiler or no build
+works: callers then keep the pure-torch path, and the result holds for the process (no retry). ``DRAFTWISE_NATIVE=0`` turns the kernels off;
 ``DRAFTWISE_NATIVE_MARCH=x86-64-v3`` (any ``-march`` value) builds for a lesser ISA than this
 CPU's (tests run the AVX2 and scalar paths that way on an AVX512 machine).
 """
@@ -68,11 +68,29 @@ def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, packed: 
     return x.new_empty(x.shape[0], weight.shape[0])  # [num_rows, out_features]
 
 
+@cache
 def build_key() -> str:
-    """What the built library depends on: its source, the torch version and the CPU."""
+    """What the built library depends on: its source, the torch version, the CPU, the compiler (its
+    path and version) and the flags."""
     sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))  # headers change the build too
-    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature(), _march()], sort_keys=True)
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature(), compiler,
+                      _compiler_version(compiler), _flags()], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _compiler_version(compiler: str | None) -> str:
+    if compiler is None:
+        return ""
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True)
+    return result.stdout.splitlines()[0] if result.returncode == 0 and result.stdout else ""
+
+
+def _flags() -> list[str]:
+    """The compile flags (the include paths aside), this CPU's ``-march`` among them."""
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return ["-fPIC", "-std=c++20", "-O3", f"-march={_march()}", "-ffast-math", "-fopenmp",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
 
 
 def _march() -> str:
@@ -94,10 +112,8 @@ def _build_once(compiler: str, library: Path) -> bool:
 
 def _build(compiler: str, library: Path) -> bool:
     """Compile each source on its own (as many at once as there are CPUs), then link."""
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     partial = f"{library}.{os.getpid()}.tmp"
-    flags = ["-fPIC", "-std=c++20", "-O3", f"-march={_march()}", "-ffast-math", "-fopenmp",
-             f"-D_GLIBCXX_USE_CXX11_ABI={abi}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
+    flags = _flags() + [f"-I{p}" for p in cpp_extension.include_paths()]
     objects = [f"{partial}.{source.stem}.o" for source in SOURCES]
     compiles = [[compiler, "-c", str(source), "-o", obj, *flags] for source, obj in zip(SOURCES, objects)]
     link = [compiler, *objects, "-o", partial, "-shared", "-fopenmp"]
