@@ -175,6 +175,22 @@ def test_an_unauthenticated_request_gets_its_401_before_its_body(server):
     assert call(server, "/v1/models")[0] == 200
 
 
+def test_a_whole_unauthenticated_upload_reads_its_401(server):
+    """A client that sends all of a 20 MB body without the key reads its 401 to the end (the server
+    drains the rest before it closes: a lingering close), never a connection reset."""
+    host, port = server.removeprefix("http://").split(":")
+    body = b"{\"prompt\": \"" + b"a" * (20 * 1024 * 1024) + b"\"}"
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head + body)  # the 401 went out once the headers were read; the rest is drained
+        reply = b""
+        while chunk := sock.recv(65536):  # to the server's end of stream
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 401") and reply.rstrip().endswith(b"}"), reply[:200]
+    assert b"invalid_api_key" in reply and call(server, "/v1/models")[0] == 200
+
+
 def test_bad_requests_fail_alone_while_healthy_streams_run(server, server_proc):
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(6)]
     solo = [_stream_text(server, p) for p in prompts]

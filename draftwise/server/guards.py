@@ -13,7 +13,8 @@ the handlers' ``finally``, aborts its engine requests.
 deadline: a connection must send a request's complete headers within
 ``header_read_timeout`` of sending its first byte (or of connecting), else it
 is closed; idle keep-alive connections stay uvicorn's business
-(``timeout_keep_alive``).
+(``timeout_keep_alive``). Its transport closes lingering (``lingering.py``): a client
+answered while still sending its body reads the answer instead of a reset.
 """
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ import asyncio
 import logging
 import secrets
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import APIError
+from .lingering import LingeringTransport
 
 logger = logging.getLogger("draftwise")
 
@@ -144,10 +147,13 @@ def header_timeout_protocol(header_read_timeout: float) -> type[H11Protocol]:
         _header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
+            super().connection_made(LingeringTransport(transport, self._client_sending, self.loop))
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self.transport.lingering:  # answered mid-body (lingering.py): the rest is dropped
+                self.transport.drain(data)
+                return
             if self._header_timer is None and self._between_requests():
                 self._arm()  # the first bytes of the next request on a kept-alive connection
             super().data_received(data)
@@ -156,7 +162,11 @@ def header_timeout_protocol(header_read_timeout: float) -> type[H11Protocol]:
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            self.transport.lost()
             super().connection_lost(exc)
+
+        def _client_sending(self) -> bool:
+            return self.conn.their_state is h11.SEND_BODY
 
         def _between_requests(self) -> bool:
             return self.cycle is None or self.cycle.response_complete
