@@ -238,3 +238,19 @@ def test_prefill_bound_counts_the_decodes_keys():
     for _ in range(200):
         scheduler.observe_mixed_step(72, model.seconds(72, 8 * 3000), 8 * 3000)
     assert scheduler.prefill_margin < 1.1
+
+
+def test_a_long_forward_is_timed_once():
+    """Short settings: a warm-up, then the best of ``repeats`` turns; a setting whose warm-up is long
+    keeps that timing (each repeat of a 256-row 8B forward would cost seconds of start-up)."""
+    from draftwise.engine.drafting.step_cost import LONG_FORWARD_SECONDS, _best_of_turns
+
+    calls = []
+    times = {1: [0.003, 0.002, 0.004, 0.001], 256: [LONG_FORWARD_SECONDS * 3]}
+
+    def time_one(rows: int) -> float:
+        calls.append(rows)
+        return times[rows][calls.count(rows) - 1]
+
+    assert _best_of_turns(time_one, [1, 256], repeats=3) == {1: 0.001, 256: LONG_FORWARD_SECONDS * 3}
+    assert calls.count(1) == 4 and calls.count(256) == 1
