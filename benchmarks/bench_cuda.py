@@ -47,7 +47,7 @@ def bench_engine(model: str, max_tokens: int, concurrency: int, profile: str | N
                f"concurrent_{concurrency}": tokens_per_s(llm, batch, max_tokens)}
     if profile:
         write_profile(llm, max_tokens, profile)
-    step = llm.llm_engine.static_step
+    step = llm.llm_engine.runner.paged.static_step
     figures["graphs_captured"] = step.num_graphs_captured if step is not None else 0
     return figures
 
@@ -96,7 +96,7 @@ def floor_steps_per_s(llm: LLM) -> tuple[float, float]:
 def capture_verify(llm: LLM, max_query_len: int) -> None:
     """Capture the engine's verify batches too (up to ``max_query_len`` rows per sequence)."""
     engine = llm.llm_engine
-    attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, engine.static_step.sizes,
+    attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, engine.runner.paged.static_step.sizes,
                        max_query_len, engine.max_model_len, capture=True)
 
 

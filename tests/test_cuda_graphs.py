@@ -29,11 +29,11 @@ def _tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
 def test_graphs_are_on_by_default_and_give_the_eager_tokens(tiny_model_dir):
     eager = LLM(model=str(tiny_model_dir), dtype="float32", device="cuda", enforce_eager=True)
     graphs = LLM(model=str(tiny_model_dir), dtype="float32", device="cuda")
-    assert eager.llm_engine.static_step is None
+    assert eager.llm_engine.runner.paged.static_step is None
     assert _tokens(graphs) == _tokens(eager)
-    assert graphs.llm_engine.static_step.num_graphs_captured > 0
+    assert graphs.llm_engine.runner.paged.static_step.num_graphs_captured > 0
     off = LLM(model=str(tiny_model_dir), dtype="float32", device="cuda", compilation_config={"cudagraph_mode": "NONE"})
-    assert off.llm_engine.static_step is None
+    assert off.llm_engine.runner.paged.static_step is None
 
 
 def test_speculation_beside_decode_graphs_gives_the_plain_tokens(tiny_model_dir):
@@ -41,7 +41,7 @@ def test_speculation_beside_decode_graphs_gives_the_plain_tokens(tiny_model_dir)
     spec = {"method": "draft_model", "model": str(tiny_model_dir), "num_speculative_tokens": 3}
     llm = LLM(model=str(tiny_model_dir), dtype="float32", device="cuda", speculative_config=spec)
     assert _tokens(llm, PROMPTS[:4]) == plain
-    assert {b.query_len for b in llm.llm_engine.static_step._entries} == {1}  # verify steps run eager
+    assert {b.query_len for b in llm.llm_engine.runner.paged.static_step._entries} == {1}  # verify steps run eager
 
 
 CAPTURED_VERIFY = """
@@ -55,7 +55,7 @@ plain = LLM(model=model, dtype="float32", device="cuda", enforce_eager=True).gen
 llm = LLM(model=model, dtype="float32", device="cuda",
           speculative_config={"method": "draft_model", "model": model, "num_speculative_tokens": 3})
 engine = llm.llm_engine
-attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, engine.static_step.sizes, 4,
+attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, engine.runner.paged.static_step.sizes, 4,
                    engine.max_model_len, capture=True)
 got = llm.generate(PROMPTS[:4], params)
 assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in plain]
@@ -75,6 +75,7 @@ def test_replayed_graphs_equal_the_uncaptured_step_in_bf16(tiny_model_dir):
     graphs = LLM(model=str(tiny_model_dir), dtype="bfloat16", device="cuda")
     uncaptured = LLM(model=str(tiny_model_dir), dtype="bfloat16", device="cuda", enforce_eager=True)
     engine = uncaptured.llm_engine
-    attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, graphs.llm_engine.static_step.sizes, 1,
-                       engine.max_model_len, capture=False)
+    sizes = graphs.llm_engine.runner.paged.static_step.sizes
+    attach_static_step(engine.runner.paged, engine.block_manager.num_blocks, sizes, 1, engine.max_model_len,
+                       capture=False)
     assert _tokens(graphs) == _tokens(uncaptured)

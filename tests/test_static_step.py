@@ -82,4 +82,4 @@ def test_graph_keys_of_compilation_config():
 
 def test_only_gpu_engines_capture(tiny_llm):
     engine = tiny_llm.llm_engine
-    assert (engine.static_step is not None) == (engine.device.type == "cuda")
+    assert (engine.runner.paged.static_step is not None) == (engine.device.type == "cuda")

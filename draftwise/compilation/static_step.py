@@ -26,7 +26,7 @@ import torch
 from ..layers.attention import AttentionMetadata
 from ..layers.forward_context import forward_context
 from ..layers.static_attention import StaticBatch
-from ..paged.batch import ForwardInput
+from ..paged.batch import ForwardInput, block_rows
 
 MIN_BLOCKS = 8  # the smallest context bucket, in blocks
 
@@ -42,10 +42,17 @@ class Bucket:
     def num_tokens(self) -> int:
         return self.num_seqs * self.query_len
 
+    @property
+    def num_inputs(self) -> int:
+        """Input buffer entries: ids, positions and slots per token, a context length and the blocks
+        per sequence."""
+        return 3 * self.num_tokens + self.num_seqs * (1 + self.num_blocks)
+
 
 @dataclass
 class _Entry:
-    inputs: tuple[torch.Tensor, ...]  # device views: ids, positions, slots, context lens, block table
+    input_ids: torch.Tensor  # [num_tokens] device views of the input buffer (the rest is in ``meta``)
+    positions: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
     graph: "torch.cuda.CUDAGraph | None" = None
     hidden: torch.Tensor | None = None  # [num_tokens, hidden] the graph's output buffer
@@ -62,8 +69,8 @@ class StaticStep:
         self.max_blocks = -(-max_model_len // self.block_size)
         self.pad_block = pad_block
         self.capture = capture
-        max_tokens = self.sizes[-1]  # a bucket has at most this many tokens, hence sequences
-        size = 3 * max_tokens + max_tokens * (1 + self.max_blocks)
+        # no bucket's inputs exceed those of the largest one-row bucket (more rows: fewer sequences)
+        size = Bucket(self.sizes[-1], 1, self.max_blocks, ()).num_inputs
         self._inputs = torch.zeros(size, dtype=torch.int64, device=paged.device)
         self._staging = torch.zeros(size, dtype=torch.int64, pin_memory=capture)
         self._copied = torch.cuda.Event() if capture else None  # the staging buffer may be rewritten
@@ -91,7 +98,7 @@ class StaticStep:
         if bucket is None:
             return None
         entry = self._entries.get(bucket) or self._entry(bucket)
-        self._load(batch, bucket, entry)
+        self._load(batch, bucket)
         num_tokens, query_len = len(batch) * bucket.query_len, bucket.query_len
         cu = list(range(0, num_tokens + 1, query_len))
         if not self.capture:
@@ -105,7 +112,7 @@ class StaticStep:
     def _entry(self, bucket: Bucket) -> _Entry:
         """Device views at fixed offsets of the input buffer, and the metadata over them."""
         tokens, seqs = bucket.num_tokens, bucket.num_seqs
-        ids, positions, slots, rest = self._inputs[:3 * tokens + seqs * (1 + bucket.num_blocks)].split(
+        ids, positions, slots, rest = self._inputs[:bucket.num_inputs].split(
             (tokens, tokens, tokens, seqs * (1 + bucket.num_blocks)))
         context_lens, table = rest[:seqs], rest[seqs:].view(seqs, bucket.num_blocks)
         meta = AttentionMetadata(slot_mapping=slots, block_table=table, max_query_len=bucket.query_len,
@@ -113,12 +120,12 @@ class StaticStep:
                                  query_lens=[bucket.query_len] * seqs,
                                  context_lens=[bucket.num_blocks * self.block_size] * seqs,
                                  sliding_window=self.paged.sliding_window, static=StaticBatch(context_lens))
-        entry = _Entry((ids, positions, slots, context_lens, table), self.paged.model.attention_metadata(meta))
+        entry = _Entry(ids, positions, self.paged.model.attention_metadata(meta))
         self._entries[bucket] = entry
         return entry
 
-    def _load(self, batch: list[ForwardInput], bucket: Bucket, entry: _Entry) -> None:
-        """Pack the batch (and its padding) on the host and copy it to the entry's views at once."""
+    def _load(self, batch: list[ForwardInput], bucket: Bucket) -> None:
+        """Pack the batch (and its padding) on the host and copy it to the bucket's views at once."""
         num_seqs, query_len, block_size = len(batch), bucket.query_len, self.block_size
         seqs, tokens = bucket.num_seqs, bucket.num_tokens
         offsets = torch.arange(query_len)
@@ -126,12 +133,13 @@ class StaticStep:
         positions[:num_seqs] = torch.tensor([b.start for b in batch])[:, None] + offsets
         positions[num_seqs:] = offsets  # padding: the first positions of the reserved block
         table = torch.full((seqs, bucket.num_blocks), self.pad_block, dtype=torch.int64)
-        blocks = self._block_rows(batch, bucket.num_blocks)  # [num_seqs, <= num_blocks], -1 past the end
-        table[:num_seqs, :blocks.shape[1]] = torch.where(blocks >= 0, blocks, self.pad_block)
+        width = min(bucket.num_blocks, max(len(b.block_ids) for b in batch))
+        blocks = block_rows(batch, width, self.paged.block_table)  # [num_seqs, width], -1 past the end
+        table[:num_seqs, :width] = torch.where(blocks >= 0, blocks, self.pad_block)
         slots = table.gather(1, positions // block_size) * block_size + positions % block_size
         if self._copied is not None:
             self._copied.synchronize()
-        host = self._staging[:3 * tokens + seqs * (1 + bucket.num_blocks)]
+        host = self._staging[:bucket.num_inputs]
         host.zero_()
         host[:num_seqs * query_len] = torch.tensor([t for b in batch for t in b.token_ids], dtype=torch.int64)
         host[tokens:2 * tokens] = positions.flatten()
@@ -142,19 +150,9 @@ class StaticStep:
         if self._copied is not None:
             self._copied.record()
 
-    def _block_rows(self, batch: list[ForwardInput], num_blocks: int) -> torch.Tensor:
-        """The sequences' block ids ``[num_seqs, <= num_blocks]`` (-1 past a sequence's last block)."""
-        table = self.paged.block_table
-        if table is not None and all(b.table_row is not None for b in batch):
-            return table.rows([b.table_row for b in batch], num_blocks)
-        width = min(num_blocks, max(len(b.block_ids) for b in batch))
-        return torch.tensor([b.block_ids[:width] + [-1] * (width - len(b.block_ids[:width])) for b in batch],
-                            dtype=torch.int64)
-
     def _run(self, bucket: Bucket, entry: _Entry) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        ids, positions = entry.inputs[:2]
         with forward_context(entry.meta, self.paged.kv_cache):
-            return self.paged.model(ids, positions, bucket.aux_layer_ids)
+            return self.paged.model(entry.input_ids, entry.positions, bucket.aux_layer_ids)
 
     def _capture(self, bucket: Bucket, entry: _Entry) -> None:
         """Warm up on a side stream (the allocator and cuBLAS settle), then capture the forward."""

@@ -46,7 +46,6 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-
 from ..config import EngineConfig
 from ..distributed.setup import start_tensor_parallel
 from ..distributed.sharded_model import SharedTarget, ShardedPagedModel
@@ -63,6 +62,8 @@ from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .compile_target import capture_target, compile_target
+from .drafting.speculator import Speculator
+from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .fault_isolation import find_failing
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor, error_output
@@ -70,8 +71,6 @@ from .model_limits import eos_token_ids, resolve_max_model_len
 from .prompt_input import tokenize_prompt
 from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
-from .drafting.speculator import Speculator
-from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .structured_outputs import GrammarRefusal, StructuredOutputs
 
 logger = logging.getLogger("draftwise")
@@ -134,8 +133,9 @@ class LLMEngine:
         elif config.compilation.resolved_mode(config.enforce_eager) != 0:
             self.compile_seconds = compile_target(paged, self.block_manager, config.compilation, max_batched,
                                                   self.needs.aux_layer_ids, self.device)
-        self.static_step = None if self.executor is not None else capture_target(  # CUDA graphs, on a GPU
-            paged, pool.spare_block, config.compilation, config.enforce_eager, config.max_num_seqs, self.max_model_len)
+        if self.executor is None:  # CUDA graphs, on a GPU (paged.static_step)
+            capture_target(paged, pool.spare_block, config.compilation, config.enforce_eager, config.max_num_seqs,
+                           self.max_model_len)
         self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)

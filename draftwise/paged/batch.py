@@ -47,17 +47,22 @@ def prepare_batch(batch: list[ForwardInput], block_size: int, sliding_window: in
         input_ids.extend(item.token_ids)
         positions.extend(item.positions or range(item.start, item.start + len(item.token_ids)))
         cu.append(len(input_ids))
-    width = max(len(item.block_ids) for item in batch)
-    if block_table is not None and all(item.table_row is not None for item in batch):
-        table = block_table.rows([item.table_row for item in batch], width)  # [num_seqs, width]
-    else:
-        table = torch.tensor([item.block_ids + [-1] * (width - len(item.block_ids)) for item in batch],
-                             dtype=torch.int64)  # [num_seqs, width]
+    table = block_rows(batch, max(len(item.block_ids) for item in batch), block_table)  # [num_seqs, width]
     meta = build_metadata(table, [len(b.token_ids) for b in batch], [b.start + len(b.token_ids) for b in batch],
                           block_size, sliding_window, device, causal, _tree_mask(batch))
     ids = torch.tensor(input_ids, dtype=torch.int64, device=device)
     pos = torch.tensor(positions, dtype=torch.int64, device=device)
     return ids, pos, meta, cu
+
+
+def block_rows(batch: list[ForwardInput], width: int, block_table: BlockTable | None = None
+               ) -> torch.Tensor:  # [len(batch), width] int64
+    """The items' first ``width`` block ids, -1 past an item's last block: gathered from
+    ``block_table`` where every item has a row in it, else from their lists."""
+    if block_table is not None and all(item.table_row is not None for item in batch):
+        return block_table.rows([item.table_row for item in batch], width)
+    return torch.tensor([item.block_ids[:width] + [-1] * (width - len(item.block_ids[:width])) for item in batch],
+                        dtype=torch.int64)
 
 
 def _tree_mask(batch: list[ForwardInput]) -> torch.Tensor | None:  # [num_tokens, 2] int64, or None
