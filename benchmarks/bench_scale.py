@@ -5,11 +5,12 @@
 
 Each file is a random-weight GGUF in a real model's shapes (``scripts/make_shaped_gguf.py``,
 written once into the cache), read through once so both engines find it in the page cache. For
-each file, one after the other in fresh processes (``scale_runner.py``): draftwise's default path, then llama.cpp through llama-cpp-python (start-up
-and peak memory, and speeds when no ``llama-bench`` is given); with ``--llama-bench``, llama.cpp's
-speeds come from its own C++ tool (prefill of ``--prefill`` tokens, ``--decode`` tokens generated at
-depth 0 and ``--depth``). Both engines get 2 threads and a KV cache of ``--n-ctx`` tokens.
-Prints one table with the ratios draftwise / llama.cpp and writes the figures as JSON.
+each file, one after the other in fresh processes (``scale_runner.py``): draftwise's default path,
+then llama.cpp through llama-cpp-python (start-up and peak memory, and speeds when no
+``llama-bench`` is given); with ``--llama-bench``, llama.cpp's speeds come from its own C++ tool
+(prefill of ``--prefill`` tokens, ``--decode`` tokens generated at depth 0 and ``--depth``). Both
+engines get 2 threads and a KV cache of ``--n-ctx`` tokens. Prints one table with the ratios
+draftwise / llama.cpp and writes the figures as JSON.
 """
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pytest
 
 from draftwise import LLM
 from draftwise.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from draftwise.engine.drafting.step_cost import StepCostModel, decode_keys, knots, measure_key_seconds, measure_step_seconds
+from draftwise.engine.drafting.step_cost import (StepCostModel, decode_keys, knots, measure_key_seconds,
+                                                measure_step_seconds)
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
 

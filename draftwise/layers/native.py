@@ -10,9 +10,10 @@ this CPU (``-march=native``: the kernel is built on the machine it runs on) agai
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
 the source, torch version, CPU, compiler and flags (``build_key``), and registers
 ``torch.ops.draftwise_cpu.*``. It returns False, and logs why, where no compiler or no build
-works: callers then keep the pure-torch path, and the result holds for the process (no retry). ``DRAFTWISE_NATIVE=0`` turns the kernels off;
-``DRAFTWISE_NATIVE_MARCH=x86-64-v3`` (any ``-march`` value) builds for a lesser ISA than this
-CPU's (tests run the AVX2 and scalar paths that way on an AVX512 machine).
+works: callers then keep the pure-torch path, and the result holds for the process (no retry).
+``DRAFTWISE_NATIVE=0`` turns the kernels off; ``DRAFTWISE_NATIVE_MARCH=x86-64-v3`` (any ``-march``
+value) builds for a lesser ISA than this CPU's (tests run the AVX2 and scalar paths that way on an
+AVX512 machine).
 """
 from __future__ import annotations
 
