@@ -13,8 +13,7 @@ from conftest import PROMPTS, greedy
 from draftwise import LLM
 from draftwise.layers import native
 from draftwise.layers.common import RMSNorm
-from draftwise.layers.attention import (PAGED_MAX_QUERY, build_metadata, paged_attention, split_by_kernel,
-                                       with_paged_kernel)
+from draftwise.layers.attention import build_metadata, paged_attention, split_by_kernel, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
 BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 160, 6, 2, 32
@@ -95,14 +94,14 @@ def test_kernel_honours_the_sliding_window_only_on_sliding_layers(sliding):
 @pytest.mark.parametrize("sliding", [True, False])
 def test_a_mixed_batch_splits_between_the_kernel_and_sdpa(sliding):
     """Sequences whose query rows the plan gives the kernel run on it, the others (5+ rows here, a
-    prefill chunk past ``PAGED_MAX_QUERY``) on SDPA over their own contexts, each row in its place."""
-    query_lens, context_lens = [1, 6, 1, PAGED_MAX_QUERY + 6, 3, 1], [40, 90, 17, 150, 33, 200]
+    a prefill chunk) on SDPA over their own contexts, each row in its place."""
+    query_lens, context_lens = [1, 6, 1, 70, 3, 1], [40, 90, 17, 150, 33, 200]
     gen = torch.Generator().manual_seed(11)
     table = torch.randperm(NUM_BLOCKS, generator=gen)[:6 * 13].view(6, 13)
     meta = build_metadata(table, query_lens, context_lens, BLOCK_SIZE, 50, torch.device("cpu"))
     split = split_by_kernel(meta, ["paged"] * 5 + ["fp32"]).split
     assert split is not None and split.paged.cu_query_lens is not None and split.sdpa.cu_query_lens is None
-    assert split.paged.query_lens == [1, 1, 3, 1] and split.sdpa.query_lens == [6, PAGED_MAX_QUERY + 6]
+    assert split.paged.query_lens == [1, 1, 3, 1] and split.sdpa.query_lens == [6, 70]
     assert sorted(torch.cat((split.paged_rows, split.sdpa_rows)).tolist()) == list(range(sum(query_lens)))
     q, k, v = (torch.randn(sum(query_lens), h, HEAD_DIM, generator=gen) for h in (HEADS, KV_HEADS, KV_HEADS))
     cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
@@ -119,11 +118,11 @@ def test_one_kernel_for_a_batch_whose_sequences_agree():
     assert split_by_kernel(meta, ["native"] * 2 + ["paged"]).split is not None
 
 
-def test_long_and_non_causal_queries_keep_the_torch_path():
+def test_prompts_run_the_kernel_and_non_causal_queries_keep_the_torch_path():
     table = torch.arange(8).view(1, 8)
-    long = build_metadata(table, [PAGED_MAX_QUERY + 1], [120], BLOCK_SIZE, None, torch.device("cpu"))
+    prompt = build_metadata(table, [120], [120], BLOCK_SIZE, None, torch.device("cpu"))
     dflash = build_metadata(table, [4], [40], BLOCK_SIZE, None, torch.device("cpu"), causal=False)
-    assert with_paged_kernel(long).cu_query_lens is None and with_paged_kernel(dflash).cu_query_lens is None
+    assert with_paged_kernel(prompt).cu_query_lens is not None and with_paged_kernel(dflash).cu_query_lens is None
 
 
 def test_engine_on_the_kernel_decodes_as_on_sdpa(tiny_model_dir):

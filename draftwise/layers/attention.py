@@ -23,11 +23,13 @@ every prompt to the longest wastes most of the work when prompt lengths differ,
 and a fresh prompt (queries = its whole context) runs SDPA's causal kernel,
 which skips the masked half.
 
-Decode, verify and short-chunk batches (causal, at most ``PAGED_MAX_QUERY`` query
-rows per sequence) can run ``draftwise_cpu::paged_attention`` instead (``csrc/cpu_kernels.cpp``,
-chosen per row count by ``kernel_choice.py``): it reads each sequence's K/V
-straight from its blocks, with neither the gathered copy nor the masks.
-``with_paged_kernel(meta)`` adds the two index tensors it takes.
+On CPU, where the C++ kernels built, every causal row runs ``draftwise_cpu::paged_attention``
+instead (``csrc/paged_attention.cpp``): decode, verify, tree, prefill and prefill-chunk rows alike,
+each with one arithmetic fixed by its position whatever the rows beside it, so a request's tokens
+do not depend on how it was scheduled (batches, prefix-cache hits, chunked prefill, speculation).
+It reads each sequence's K/V straight from its blocks, with neither the gathered copy nor the
+masks. ``with_paged_kernel(meta)`` adds the two index tensors it takes. The SDPA paths below
+serve the GPU, non-causal batches (a DFlash drafter's block) and machines without a compiler.
 
 The kernel is chosen per sequence, by its query rows: in a mixed batch (32
 decodes and one prefill chunk, or one sequence verifying more drafts than the
@@ -54,9 +56,8 @@ from . import native
 from .static_attention import StaticBatch, static_attend
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence
-PAGED_MAX_QUERY = 64  # the paged CPU kernel takes at most this many query rows per sequence
 NO_TREE = 1 << 62  # tree_start of a row that is not in a draft tree: it attends causally
-PAGED_CHUNK_KEYS = 128  # keys per work item of the paged kernel (kChunkKeys in csrc/cpu_kernels.cpp)
+PAGED_CHUNK_KEYS = 128  # keys the paged kernel sums apart (kChunkKeys in csrc/paged_attention.cpp)
 
 
 @dataclass
@@ -170,11 +171,9 @@ def _sdpa_index(query_lens: list[int], context_lens: list[int], causal: bool, sl
 
 
 def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
-    """``meta`` set to run ``draftwise_cpu::paged_attention`` where it applies (causal CPU batches
-    of at most ``PAGED_MAX_QUERY`` query rows per sequence; the kernel is built). Longer queries
-    (prefill chunks) keep SDPA, whose flash kernel is faster there."""
-    if (not meta.causal or meta.max_query_len > PAGED_MAX_QUERY or meta.block_table.device.type != "cpu"
-            or not native.load()):
+    """``meta`` set to run ``draftwise_cpu::paged_attention`` where it applies (causal CPU batches;
+    the kernel is built)."""
+    if not meta.causal or meta.block_table.device.type != "cpu" or not native.load():
         return meta
     q_lens = torch.tensor(meta.query_lens, dtype=torch.int64)
     cu = torch.zeros(len(meta.query_lens) + 1, dtype=torch.int64)
@@ -187,7 +186,7 @@ def split_by_kernel(meta: AttentionMetadata, kernel_of: list[str]) -> AttentionM
     ``fp32`` or ``native``; the last entry serves longer queries): one kernel for the whole batch
     where they agree, else a ``KernelSplit`` between the paged kernel and SDPA."""
     pick = lambda q_len: kernel_of[min(q_len, len(kernel_of) - 1)]  # noqa: E731
-    paged = [pick(q) == "paged" and q <= PAGED_MAX_QUERY for q in meta.query_lens]
+    paged = [pick(q) == "paged" for q in meta.query_lens]
     if all(paged) or not any(paged) or not meta.causal:
         kernel = pick(meta.max_query_len)
         if kernel == "fp32":

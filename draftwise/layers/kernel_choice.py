@@ -10,10 +10,10 @@ per bucket. A group is what a step runs together:
   decoder layers) and ``head`` (the output projection, whose shape differs).
 * ``AttentionGroup``: one layer's attention for ``ATTENTION_SEQS`` sequences of
   up to ``ATTENTION_CONTEXT`` keys, rows being query rows per sequence. Where draftwise's paged
-  CPU kernel built (``native.py``) it is the only candidate up to ``PAGED_MAX_QUERY`` rows, not
-  timed: its rows reduce their keys in an order fixed by position whatever the rows beside them,
-  so a decode row, a verify row and a tree row of the same position compute alike (speculation
-  changes no output). Otherwise: scaled-dot-product attention in the model's dtype (``native``)
+  CPU kernel built (``native.py``) it is the only candidate at every row count, not timed: its
+  rows reduce their keys in an order fixed by position whatever the rows beside them, so a
+  prefill, decode, verify or tree row of the same position computes alike (scheduling and
+  speculation change no output). Otherwise: scaled-dot-product attention in the model's dtype (``native``)
   or in fp32 (``fp32``; bf16 CPU flash attention is several times slower than fp32 for a few
   query rows on some CPUs).
 
@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from . import native
-from .attention import PAGED_MAX_QUERY, build_metadata, paged_attention, with_paged_kernel
+from .attention import build_metadata, paged_attention, with_paged_kernel
 from .cpu_info import cpu_signature
 from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
@@ -54,7 +54,7 @@ ATTENTION_SEQS = 16  # sequences of the timed attention batch: a busy server's, 
 # under-prices the gathered SDPA path against the paged kernel
 BLOCK_SIZE = 16
 ATTENTION_CALLS = 16  # attention calls per timed sample
-METHOD_VERSION = 8  # part of the cache key: raise it when what is timed changes
+METHOD_VERSION = 9  # part of the cache key: raise it when what is timed changes
 REPEATS = 3
 RECHECK_BUCKETS = (1, 8)
 RECHECK_RATIO = 1.5
@@ -96,7 +96,7 @@ class AttentionGroup:
         self.shape = [num_heads, num_kv_heads, head_dim, ATTENTION_CONTEXT]
 
     def candidates(self, rows: int) -> list[str]:
-        if rows <= PAGED_MAX_QUERY and native.load():
+        if native.load():
             return ["paged"]
         return ["native"] + (["fp32"] if self.dtype != torch.float32 else [])
 

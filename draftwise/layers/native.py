@@ -1,6 +1,6 @@
 """Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
 
-The kernels: ``draftwise_cpu::paged_attention`` (decode/verify attention over the
+The kernels: ``draftwise_cpu::paged_attention`` (attention of every CPU row over the
 paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``),
 ``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``)
 and ``draftwise_cpu::gguf_linear`` / ``gguf_repack`` (linears on GGUF blocks as stored,
@@ -35,8 +35,11 @@ from torch.utils import cpp_extension
 from .cpu_info import cpu_signature
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "gguf_linear.cpp", "gguf_repack.cpp", "decoder_stack.cpp",
-                                         "sample_noise.cpp"))
+SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "paged_attention.cpp", "gguf_linear.cpp", "gguf_repack.cpp",
+                                         "decoder_stack.cpp", "sample_noise.cpp"))
+# Sources whose floating-point order is part of their contract: built without -ffast-math (no
+# reassociation), multiply-adds still fused.
+EXACT_ORDER = ("paged_attention.cpp",)
 NATIVE_ENV = "DRAFTWISE_NATIVE"
 MARCH_ENV = "DRAFTWISE_NATIVE_MARCH"
 logger = logging.getLogger("draftwise")
@@ -76,7 +79,8 @@ def build_key() -> str:
     sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))  # headers change the build too
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature(), compiler,
-                      _compiler_version(compiler), _flags()], sort_keys=True)
+                      _compiler_version(compiler), _flags(),
+                      [_source_flags(s) for s in SOURCES]], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
@@ -92,6 +96,10 @@ def _flags() -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return ["-fPIC", "-std=c++20", "-O3", f"-march={_march()}", "-ffast-math", "-fopenmp",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+
+
+def _source_flags(source: Path) -> list[str]:
+    return ["-fno-fast-math", "-ffp-contract=fast"] if source.name in EXACT_ORDER else []
 
 
 def _march() -> str:
@@ -116,7 +124,8 @@ def _build(compiler: str, library: Path) -> bool:
     partial = f"{library}.{os.getpid()}.tmp"
     flags = _flags() + [f"-I{p}" for p in cpp_extension.include_paths()]
     objects = [f"{partial}.{source.stem}.o" for source in SOURCES]
-    compiles = [[compiler, "-c", str(source), "-o", obj, *flags] for source, obj in zip(SOURCES, objects)]
+    compiles = [[compiler, "-c", str(source), "-o", obj, *flags, *_source_flags(source)]
+                for source, obj in zip(SOURCES, objects)]
     link = [compiler, *objects, "-o", partial, "-shared", "-fopenmp"]
     link += [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
     link += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]

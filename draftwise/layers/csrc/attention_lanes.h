@@ -1,0 +1,147 @@
+// The arithmetic of paged_attention.cpp's rows, on vectors of kLanes floats (GCC vector extensions:
+// one register on AVX512, two on AVX2). Every function here computes each lane, or each row, the
+// same way whatever the lanes or rows beside it, and sums in one fixed order; the file including it
+// is compiled without -ffast-math, so that order is the one written here.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace draftwise_attention {
+
+constexpr int64_t kLanes = 16;
+constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t IVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Vec splat(float x) { return Vec{} + x; }
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+inline float lane_max(Vec v) {
+  float top = v[0];
+  for (int l = 1; l < kLanes; ++l) top = top > v[l] ? top : v[l];
+  return top;
+}
+
+// The lanes summed by the fixed tree: lane l + lane l + 8, then l + 4, l + 2, l + 1.
+inline float lane_sum(Vec v) {
+  float a[8], b[4];
+  for (int l = 0; l < 8; ++l) a[l] = v[l] + v[l + 8];
+  for (int l = 0; l < 4; ++l) b[l] = a[l] + a[l + 4];
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// exp of each lane (Cephes' expf polynomial, within 2 ulp); 0 below -87 (and for -inf).
+inline Vec exp_lanes(Vec x) {
+  const IVec tiny = x < -87.f;
+  x = tiny ? splat(-87.f) : x;
+  const Vec n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round(x / ln 2)
+  Vec r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  Vec poly = splat(1.9875691500e-4f);
+  poly = poly * r + 1.3981999507e-3f;
+  poly = poly * r + 8.3334519073e-3f;
+  poly = poly * r + 4.1665795894e-2f;
+  poly = poly * r + 1.6666665459e-1f;
+  poly = poly * r + 5.0000001201e-1f;
+  poly = poly * (r * r) + r + 1.f;
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return tiny ? splat(0.f) : poly * scale;
+}
+
+inline float exp_one(float x) { return exp_lanes(splat(x))[0]; }
+
+// Lane-wise sums of two vectors' halves: lanes of a at `lo` + lanes of a at `hi`, for a and b side by side.
+#define DRAFTWISE_PAIR(a, b, lo, hi) (__builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi))
+
+// 8 keys' dot products with a query: each key's kLanes partial sums folded to 2 lanes by the first
+// three levels of the lane tree, the 8 keys side by side in key order.
+template <int kVecs>
+__attribute__((always_inline)) inline Vec eight_dots(const float* query, int64_t padded_dim, const float* keys) {
+  const int64_t num_vecs = kVecs > 0 ? kVecs : padded_dim / kLanes;
+  Vec acc[8];
+  for (int k = 0; k < 8; ++k) {
+    const float* key = keys + k * padded_dim;
+    Vec sum{};
+    for (int64_t v = 0; v < num_vecs; ++v) sum = sum + load(query + v * kLanes) * load(key + v * kLanes);
+    acc[k] = sum;
+  }
+  const IVec lo1{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const IVec hi1{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const IVec lo2{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const IVec hi2{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const IVec lo3{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const IVec hi3{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  Vec level1[4], level2[2];
+  for (int i = 0; i < 4; ++i) level1[i] = DRAFTWISE_PAIR(acc[2 * i], acc[2 * i + 1], lo1, hi1);
+  for (int i = 0; i < 2; ++i) level2[i] = DRAFTWISE_PAIR(level1[2 * i], level1[2 * i + 1], lo2, hi2);
+  return DRAFTWISE_PAIR(level2[0], level2[1], lo3, hi3);
+}
+
+// Scores of kLanes keys (rows of `keys`, padded_dim apart) against one query: every score the
+// same multiply-adds and the same lane tree, whichever lane its key takes.
+template <int kVecs>
+__attribute__((always_inline)) inline Vec group_scores(const float* query, int64_t padded_dim, const float* keys) {
+  const IVec even{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const IVec odd{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  const Vec first = eight_dots<kVecs>(query, padded_dim, keys);
+  const Vec second = eight_dots<kVecs>(query, padded_dim, keys + 8 * padded_dim);
+  return DRAFTWISE_PAIR(first, second, even, odd);
+}
+
+#undef DRAFTWISE_PAIR
+
+// acc[r] = sum over t in order of weights[r][t] x values[t], for rows [0, num_rows) (acc [num_rows][padded_dim]).
+template <int kVecs>
+void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const float* values,
+                     int64_t padded_dim, float* acc) {
+  constexpr int kRows = kVecs == 4 ? 4 : kVecs == 8 ? 2 : 1;
+  const int64_t num_vecs = kVecs > 0 ? kVecs : padded_dim / kLanes;
+  constexpr int kHeld = kVecs > 0 ? kVecs : 1;
+  int64_t r = 0;
+  for (; r + kRows <= num_rows && kVecs > 0; r += kRows) {
+    Vec sum[kRows][kHeld] = {};
+    for (int64_t t = 0; t < num_keys; ++t)
+      for (int64_t v = 0; v < num_vecs; ++v) {
+        const Vec value = load(values + t * padded_dim + v * kLanes);
+        for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
+      }
+    for (int i = 0; i < kRows; ++i)
+      for (int64_t v = 0; v < num_vecs; ++v) store(acc + (r + i) * padded_dim + v * kLanes, sum[i][v]);
+  }
+  for (; r < num_rows; ++r) {
+    float* out = acc + r * padded_dim;
+    for (int64_t v = 0; v < num_vecs; ++v) store(out + v * kLanes, Vec{});
+    for (int64_t t = 0; t < num_keys; ++t) {
+      const float w = weights[r * num_keys + t];
+      for (int64_t v = 0; v < num_vecs; ++v)
+        store(out + v * kLanes, load(out + v * kLanes) + w * load(values + t * padded_dim + v * kLanes));
+    }
+  }
+}
+
+// A row's (max, sum, acc) so far merged with one more chunk's, in chunk order; a chunk with sum 0
+// (no key seen: a seen key's weight is at least the top one's, 1) changes nothing.
+inline void merge_chunk(float& max, float& sum, float* acc, float chunk_max, float chunk_sum, const float* chunk_acc,
+                        int64_t padded_dim) {
+  if (chunk_sum == 0.f) return;
+  const float top = max > chunk_max ? max : chunk_max;
+  const float keep = sum == 0.f ? 0.f : exp_one(max - top), take = exp_one(chunk_max - top);
+  sum = sum * keep + chunk_sum * take;
+  for (int64_t v = 0; v < padded_dim; v += kLanes)
+    store(acc + v, load(acc + v) * keep + load(chunk_acc + v) * take);
+  max = top;
+}
+
+}  // namespace draftwise_attention

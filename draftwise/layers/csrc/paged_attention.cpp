@@ -1,0 +1,398 @@
+// draftwise_cpu::paged_attention: causal attention of any number of query rows per sequence (decode,
+// verify, tree, prefill and prefill-chunk rows alike) over the sequence's paged KV cache.
+//
+// Queries of sequence s are rows query_start[s] .. query_start[s + 1] - 1, the last rows of its
+// context of context_lens[s] tokens, so query i sits at position context_lens[s] - num_queries + i
+// and sees keys up to there (causal), and only the last sliding_window of them when
+// sliding_window > 0. Keys and values are read block by block straight from the cache.
+//
+// Token trees: an optional tree_mask [num_tokens, 2] int64 gives each row (tree_start, bits). A row
+// at position pos with tree_start <= pos sees key j <= pos where j < tree_start or bit j - tree_start
+// of bits is set (its ancestors in a draft tree and itself; j - tree_start < 64); its sliding window
+// ends at its logical position tree_start + popcount(bits) - 1 and limits only the keys before
+// tree_start. Rows with tree_start > pos (NO_TREE = 1 << 62) are plain causal rows.
+//
+// One arithmetic per row. A row's output depends on its query, its position (window, tree bits) and
+// the keys and values it sees, never on the rows beside it, how many query rows its sequence has
+// this step, nor how the work is split; every path below computes exactly this, in fp32:
+//  * keys are taken in chunks of kChunkKeys positions counted from 0, a chunk in groups of kLanes;
+//    keys a row does not see get weight 0 (and score -inf), which changes no sum.
+//  * score = (query x scale) . key: kLanes partial sums over the head dim (lane l sums d = l,
+//    l + kLanes, ... in order, multiply-adds), then the lanes summed by one fixed tree (lane l with
+//    l + 8, then + 4, + 2, + 1).
+//  * per chunk: m = max score, weights exp(score - m) (exp_lanes), their sum by lanes over the
+//    groups in order then the same tree, and acc = sum of weight x value over the keys in order.
+//    A tree row's weights are summed at their logical positions (its ancestors packed after
+//    tree_start), so its sums match plain decoding at that position; the scheduler keeps a
+//    tree's slots and positions in one chunk (TokenTree.chunk_aligned).
+//  * chunks merged in order (merge_chunk), then out = acc / sum.
+// This file is compiled without -ffast-math (native.py), so the compiler keeps that order.
+//
+// Work: a sequence with at most kShortQuery query rows is split by (kv head, chunk), flash-decoding
+// style, so one long context still keeps every core busy, and its chunks are merged in a second
+// pass; a longer one (prefill) by (kv head, kRowBlock query rows), each item walking its chunks.
+#include "paged_attention.h"
+
+#include <ATen/Functions.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention_lanes.h"
+
+namespace {
+
+using namespace draftwise_attention;
+
+constexpr int64_t kChunkKeys = 128;  // keys per chunk (PAGED_CHUNK_KEYS in attention.py)
+constexpr int64_t kGroups = kChunkKeys / kLanes;
+constexpr int64_t kShortQuery = 16;  // sequences with at most this many query rows split by chunk
+constexpr int64_t kRowBlock = 64;    // query rows per item of a longer query
+
+struct Problem {
+  int64_t num_heads, num_kv_heads, group, head_dim, padded_dim, block_size, table_width, num_slots;
+  int64_t sliding_window;
+  float scale;
+  const int64_t* table;   // [num_seqs, table_width]
+  const int64_t* starts;  // [num_seqs + 1]
+  const int64_t* lens;    // [num_seqs]
+  const int64_t* tree;    // [num_tokens, 2] (tree_start, bits) per row; nullptr: every row causal
+};
+
+// Query rows [first, first + count) of one (sequence, kv head); its rows are query x head in group.
+struct Span {
+  int64_t seq, kv_head, first, count;
+};
+
+// The keys a query row sees: [lo, hi), less, in a tree row, the keys from tree_start on whose bit is clear.
+struct RowKeys {
+  int64_t lo, hi;
+  bool tree;
+  int64_t tree_start;
+  uint64_t bits;
+
+  bool sees(int64_t j) const {
+    return j >= lo && j < hi && (!tree || j < tree_start || ((bits >> (j - tree_start)) & 1) != 0);
+  }
+};
+
+RowKeys row_keys(const Problem& p, int64_t token, int64_t pos) {
+  const int64_t tree_start = p.tree != nullptr ? p.tree[2 * token] : pos + 1;
+  RowKeys keys{0, pos + 1, tree_start <= pos, tree_start, 0};
+  if (keys.tree) keys.bits = static_cast<uint64_t>(p.tree[2 * token + 1]);
+  if (p.sliding_window > 0) {
+    const int64_t logical = keys.tree ? tree_start + std::popcount(keys.bits) - 1 : pos;
+    const int64_t window_lo = logical - p.sliding_window + 1;  // the tree region keeps its bits
+    keys.lo = std::max<int64_t>(0, keys.tree ? std::min(window_lo, tree_start) : window_lo);
+  }
+  return keys;
+}
+
+inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+
+inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(dst + i, &word, sizeof(float));
+  }
+}
+
+// What one item works in: its rows' scaled queries, one chunk's keys and values, scores / weights.
+struct Scratch {
+  std::vector<float> query, keys, values, weights, packed;
+  std::vector<RowKeys> rows;
+};
+
+// A chunk's result for each row of a span: (max, sum, acc [padded_dim]); sum 0 = no key seen.
+struct Partial {
+  float* max;
+  float* sum;
+  float* acc;
+};
+
+template <typename T>
+struct Inputs {
+  const T* q;
+  const T* k_cache;
+  const T* v_cache;
+};
+
+// Scaled fp32 queries of the span's rows (zero past head_dim) and each row's keys into `s`.
+template <typename T>
+void prepare_rows(const Problem& p, const Inputs<T>& in, const Span& span, Scratch& s) {
+  const int64_t D = p.head_dim, P = p.padded_dim, q0 = p.starts[span.seq];
+  const int64_t num_q = p.starts[span.seq + 1] - q0, ctx = p.lens[span.seq];
+  s.query.assign(span.count * p.group * P, 0.f);
+  s.rows.clear();
+  for (int64_t i = span.first; i < span.first + span.count; ++i) {
+    for (int64_t g = 0; g < p.group; ++g) {
+      float* dst = s.query.data() + ((i - span.first) * p.group + g) * P;
+      to_float(in.q + ((q0 + i) * p.num_heads + span.kv_head * p.group + g) * D, dst, D);
+      for (int64_t d = 0; d < D; ++d) dst[d] *= p.scale;
+      s.rows.push_back(row_keys(p, q0 + i, ctx - num_q + i));
+    }
+  }
+}
+
+// Keys and values [first, first + n) of the span's kv head into fp32 tiles [n rounded up to kLanes][P],
+// zero past n and past head_dim (so a zero weight times them adds exactly nothing).
+template <typename T>
+void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, int64_t n, Scratch& s) {
+  const int64_t D = p.head_dim, P = p.padded_dim, rows = (n + kLanes - 1) / kLanes * kLanes;
+  s.keys.resize(rows * P);
+  s.values.resize(rows * P);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t j = first + t;
+    const int64_t slot = p.table[span.seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size;
+    const int64_t at = (slot * p.num_kv_heads + span.kv_head) * D;
+    to_float(in.k_cache + at, s.keys.data() + t * P, D);
+    to_float(in.v_cache + at, s.values.data() + t * P, D);
+    std::fill(s.keys.data() + t * P + D, s.keys.data() + (t + 1) * P, 0.f);
+    std::fill(s.values.data() + t * P + D, s.values.data() + (t + 1) * P, 0.f);
+  }
+  std::fill(s.keys.data() + n * P, s.keys.data() + rows * P, 0.f);
+  std::fill(s.values.data() + n * P, s.values.data() + rows * P, 0.f);
+}
+
+// Softmax weights of one row over its chunk (scores in `w`, [num_groups * kLanes]) in place, zero
+// where the row sees no key; returns (max, sum). `packed` holds kChunkKeys floats of room.
+std::pair<float, float> row_weights(float* w, int64_t num_groups, int64_t first, const RowKeys& keys, float* packed) {
+  Vec top = splat(kMinusInf);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t j0 = first + g * kLanes;
+    Vec score = load(w + g * kLanes);
+    if (!(j0 >= keys.lo && j0 + kLanes <= keys.hi && !keys.tree)) {  // a group the row partly sees
+      IVec seen{};
+      for (int64_t l = 0; l < kLanes; ++l) seen[l] = keys.sees(j0 + l) ? -1 : 0;
+      score = seen ? score : splat(kMinusInf);
+      store(w + g * kLanes, score);
+    }
+    top = top > score ? top : score;
+  }
+  const float max = lane_max(top);
+  if (max == kMinusInf) {
+    std::fill(w, w + num_groups * kLanes, 0.f);
+    return {max, 0.f};
+  }
+  for (int64_t g = 0; g < num_groups; ++g) store(w + g * kLanes, exp_lanes(load(w + g * kLanes) - max));
+  const float* summed = w;
+  if (keys.tree && keys.tree_start < first + num_groups * kLanes) {  // ancestors at their positions
+    std::fill(packed, packed + kChunkKeys, 0.f);
+    const int64_t split = std::max<int64_t>(0, keys.tree_start - first);
+    std::copy(w, w + split, packed);
+    int64_t at = split;
+    for (int64_t t = split; t < num_groups * kLanes; ++t)
+      if (keys.sees(first + t)) packed[at++] = w[t];
+    summed = packed;
+  }
+  Vec total{};
+  for (int64_t g = 0; g < num_groups; ++g) total += load(summed + g * kLanes);
+  return {max, lane_sum(total)};
+}
+
+// One chunk [first, first + kChunkKeys) for every row of `span` (prepare_rows done): each row's
+// (max, sum, acc) into `out`.
+template <typename T, int kVecs>
+void attend_chunk(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, Scratch& s,
+                  const Partial& out) {
+  const int64_t P = p.padded_dim, num_rows = static_cast<int64_t>(s.rows.size());
+  int64_t end = first;  // past the last key any row sees
+  for (const RowKeys& keys : s.rows) end = std::max(end, std::min(keys.hi, first + kChunkKeys));
+  const int64_t num_groups = (end - first + kLanes - 1) / kLanes;
+  if (num_groups == 0 || end <= first) {
+    std::fill(out.sum, out.sum + num_rows, 0.f);
+    return;
+  }
+  load_tiles(p, in, span, first, end - first, s);
+  s.weights.resize(num_rows * num_groups * kLanes);
+  s.packed.resize(kChunkKeys);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* w = s.weights.data() + r * num_groups * kLanes;
+    const RowKeys& keys = s.rows[r];
+    const int64_t row_groups = keys.hi <= first ? 0 : std::min(num_groups, (keys.hi - first + kLanes - 1) / kLanes);
+    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
+    for (int64_t g = 0; g < row_groups; ++g)
+      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * P, P, s.keys.data() + g * kLanes * P));
+    std::tie(out.max[r], out.sum[r]) = row_weights(w, num_groups, first, keys, s.packed.data());
+  }
+  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.values.data(), P, out.acc);
+}
+
+// Runs `work(i)` for i in [0, n) on torch's threads, each taking the next item when it is free.
+template <typename F>
+void dynamic_for(int64_t n, const F& work) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < n; i = next++) work(i);
+  });
+}
+
+// The first chunk any row of sequence s may see (its window's, or a tree row's earlier one).
+int64_t first_chunk(const Problem& p, int64_t s) {
+  const int64_t q0 = p.starts[s], num_q = p.starts[s + 1] - q0, ctx = p.lens[s];
+  int64_t first = ctx;
+  for (int64_t i = 0; i < num_q; ++i) first = std::min(first, row_keys(p, q0 + i, ctx - num_q + i).lo);
+  return first / kChunkKeys * kChunkKeys;
+}
+
+// out rows of a span from each row's merged (sum, acc).
+template <typename T>
+void write_rows(const Problem& p, const Span& span, const float* sum, const float* acc, T* out) {
+  const int64_t q0 = p.starts[span.seq], D = p.head_dim, P = p.padded_dim;
+  for (int64_t r = 0; r < span.count * p.group; ++r) {
+    const int64_t i = span.first + r / p.group, head = span.kv_head * p.group + r % p.group;
+    T* dst = out + ((q0 + i) * p.num_heads + head) * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(sum[r] > 0.f ? acc[r * P + d] / sum[r] : 0.f);
+  }
+}
+
+// A long query: items of kRowBlock rows, each walking its chunks and merging them as it goes.
+template <typename T, int kVecs>
+void attend_rows(const Problem& p, const Inputs<T>& in, const Span& span, T* out) {
+  thread_local Scratch s;
+  thread_local std::vector<float> state, chunk;
+  prepare_rows(p, in, span, s);
+  const int64_t rows = span.count * p.group, P = p.padded_dim;
+  state.assign(rows * (2 + P), 0.f);  // per row: max, sum, acc
+  chunk.resize(rows * (2 + P));
+  float *max = state.data(), *sum = max + rows, *acc = sum + rows;
+  std::fill(max, max + rows, kMinusInf);
+  const Partial part{chunk.data(), chunk.data() + rows, chunk.data() + 2 * rows};
+  int64_t first = p.lens[span.seq], end = 0;
+  for (const RowKeys& keys : s.rows) first = std::min(first, keys.lo), end = std::max(end, keys.hi);
+  for (int64_t c = first / kChunkKeys * kChunkKeys; c < end; c += kChunkKeys) {
+    attend_chunk<T, kVecs>(p, in, span, c, s, part);
+    for (int64_t r = 0; r < rows; ++r)
+      merge_chunk(max[r], sum[r], acc + r * P, part.max[r], part.sum[r], part.acc + r * P, P);
+  }
+  write_rows(p, span, sum, acc, out);
+}
+
+// Short queries: one item per (sequence, kv head, chunk), then one merge per (sequence, kv head).
+template <typename T, int kVecs>
+void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span>& spans, T* out) {
+  struct Item { int64_t span, first, offset; };  // offset: first row of its partial results
+  std::vector<Item> items;
+  std::vector<int64_t> span_items{0};
+  int64_t num_rows = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(spans.size()); ++i) {
+    const Span& span = spans[i];
+    for (int64_t c = first_chunk(p, span.seq); c < p.lens[span.seq]; c += kChunkKeys) {
+      items.push_back({i, c, num_rows});
+      num_rows += span.count * p.group;
+    }
+    span_items.push_back(static_cast<int64_t>(items.size()));
+  }
+  const int64_t P = p.padded_dim;
+  std::vector<float> max(num_rows), sum(num_rows), acc(num_rows * P);
+  dynamic_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
+    thread_local Scratch s;
+    const Item& it = items[i];
+    prepare_rows(p, in, spans[it.span], s);
+    attend_chunk<T, kVecs>(p, in, spans[it.span], it.first, s,
+                           {max.data() + it.offset, sum.data() + it.offset, acc.data() + it.offset * P});
+  });
+  dynamic_for(static_cast<int64_t>(spans.size()), [&](int64_t i) {
+    const int64_t rows = spans[i].count * p.group;
+    std::vector<float> row_max(rows, kMinusInf), row_sum(rows, 0.f), row_acc(rows * P, 0.f);
+    for (int64_t k = span_items[i]; k < span_items[i + 1]; ++k)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t at = items[k].offset + r;
+        merge_chunk(row_max[r], row_sum[r], row_acc.data() + r * P, max[at], sum[at], acc.data() + at * P, P);
+      }
+    write_rows(p, spans[i], row_sum.data(), row_acc.data(), out);
+  });
+}
+
+template <typename T, int kVecs>
+void run(const Problem& p, const Inputs<T>& in, T* out, int64_t num_seqs) {
+  std::vector<Span> short_spans, long_spans;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t num_q = p.starts[s + 1] - p.starts[s];
+    for (int64_t h = 0; h < p.num_kv_heads; ++h) {
+      if (num_q <= kShortQuery) {
+        short_spans.push_back({s, h, 0, num_q});
+        continue;
+      }
+      for (int64_t first = 0; first < num_q; first += kRowBlock)
+        long_spans.push_back({s, h, first, std::min(kRowBlock, num_q - first)});
+    }
+  }
+  if (!short_spans.empty()) attend_chunks<T, kVecs>(p, in, short_spans, out);
+  std::sort(long_spans.begin(), long_spans.end(),  // the rows with most keys first: balanced threads
+            [](const Span& a, const Span& b) { return a.first > b.first; });
+  dynamic_for(static_cast<int64_t>(long_spans.size()),
+              [&](int64_t i) { attend_rows<T, kVecs>(p, in, long_spans[i], out); });
+}
+
+template <typename T>
+void run_for_dim(const Problem& p, const T* q, const T* kv, T* out, int64_t num_seqs) {
+  const Inputs<T> in{q, kv, kv + p.num_slots * p.num_kv_heads * p.head_dim};
+  if (p.padded_dim == 64) return run<T, 4>(p, in, out, num_seqs);
+  if (p.padded_dim == 128) return run<T, 8>(p, in, out, num_seqs);
+  run<T, 0>(p, in, out, num_seqs);
+}
+
+// Every tree row's tree_start is >= 0 and its keys from tree_start on fit the 64 bits.
+void check_tree(const Problem& p, int64_t num_seqs) {
+  for (int64_t s = 0; s < num_seqs; ++s)
+    for (int64_t i = p.starts[s]; i < p.starts[s + 1]; ++i) {
+      const int64_t pos = p.lens[s] - (p.starts[s + 1] - i), tree_start = p.tree[2 * i];
+      TORCH_CHECK(tree_start >= 0 && (tree_start > pos || pos - tree_start < 64), "paged_attention: row ", i,
+                  " at position ", pos, " has tree_start ", tree_start, " (must be in (pos - 64, pos] or past pos)");
+    }
+}
+
+}  // namespace
+
+namespace draftwise_cpu_kernels {
+
+at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_table,
+                               const at::Tensor& query_start, const at::Tensor& context_lens, int64_t block_size,
+                               double scale, int64_t sliding_window, const std::optional<at::Tensor>& tree_mask) {
+  TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous(), "q and kv_cache must be contiguous");
+  TORCH_CHECK(q.scalar_type() == kv_cache.scalar_type(), "q and kv_cache must share a dtype");
+  auto table = block_table.contiguous(), starts = query_start.contiguous(), lens = context_lens.contiguous();
+  at::Tensor tree;
+  if (tree_mask.has_value()) {
+    tree = tree_mask->contiguous();
+    TORCH_CHECK(tree.scalar_type() == at::kLong && tree.dim() == 2 && tree.size(0) == q.size(0) && tree.size(1) == 2,
+                "paged_attention: tree_mask must be [num_tokens, 2] int64");
+  }
+  TORCH_CHECK(q.dim() == 3 && starts.size(0) == lens.size(0) + 1 && starts[-1].item<int64_t>() == q.size(0),
+              "paged_attention: q [num_tokens, num_heads, head_dim] must hold query_start[-1] rows");
+  const int64_t num_heads = q.size(1), num_kv_heads = kv_cache.size(2), head_dim = q.size(2);
+  const Problem problem{num_heads, num_kv_heads, num_heads / num_kv_heads, head_dim,
+                        (head_dim + kLanes - 1) / kLanes * kLanes, block_size, table.size(1), kv_cache.size(1),
+                        sliding_window, static_cast<float>(scale), table.data_ptr<int64_t>(),
+                        starts.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
+                        tree.defined() ? tree.data_ptr<int64_t>() : nullptr};
+  if (tree.defined()) check_tree(problem, lens.size(0));
+  at::Tensor out = at::empty_like(q);
+  if (q.scalar_type() == at::kBFloat16) {
+    run_for_dim(problem, q.data_ptr<c10::BFloat16>(), kv_cache.data_ptr<c10::BFloat16>(),
+                out.data_ptr<c10::BFloat16>(), lens.size(0));
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention_cpu takes bfloat16 or float32");
+    run_for_dim(problem, q.data_ptr<float>(), kv_cache.data_ptr<float>(), out.data_ptr<float>(), lens.size(0));
+  }
+  return out;
+}
+
+}  // namespace draftwise_cpu_kernels
+
+TORCH_LIBRARY_FRAGMENT(draftwise_cpu, m) {
+  m.def("paged_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor query_start, "
+        "Tensor context_lens, int block_size, float scale, int sliding_window, Tensor? tree_mask=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftwise_cpu, CPU, m) { m.impl("paged_attention", draftwise_cpu_kernels::paged_attention_cpu); }
