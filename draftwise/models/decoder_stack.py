@@ -8,10 +8,10 @@ activation is silu or tanh-gelu and its dtype bf16 or fp32; elsewhere it returns
 model keeps its Python layers.
 
 ``run_stack(model, x, rope, aux_layer_ids)`` runs the layers inside the forward context. A step
-whose every sequence attends with the paged kernel (decode and verify steps) is one C++ call per
-run of layers between the requested aux layers; any other step (prefill chunks, a batch split
-between kernels) runs each layer as two C++ halves around the Python attention of the forward
-context. Both paths give a row the same result: the halves and the whole share their
+whose every sequence attends with the paged kernel (every causal step where it built) is one C++
+call per run of layers between the requested aux layers; any other step (a non-causal drafter
+block, a batch split between kernels) runs each layer as two C++ halves around the Python
+attention of the forward context. Both paths give a row the same result: the halves and the whole share their
 arithmetic, and attention of a paged-kernel row is the same kernel on the same inputs.
 """
 from __future__ import annotations

@@ -11,6 +11,7 @@
 namespace draftwise_attention {
 
 constexpr int64_t kLanes = 16;
+constexpr int64_t kDotLanes = 8;  // partial sums of a score
 constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
@@ -62,49 +63,56 @@ inline Vec exp_lanes(Vec x) {
 
 inline float exp_one(float x) { return exp_lanes(splat(x))[0]; }
 
-// Lane-wise sums of two vectors' halves: lanes of a at `lo` + lanes of a at `hi`, for a and b side by side.
+// Lane-wise sums: lanes of the pair (a, b) at `lo` plus those at `hi`.
 #define DRAFTWISE_PAIR(a, b, lo, hi) (__builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi))
 
-// 8 keys' dot products with a query: each key's kLanes partial sums folded to 2 lanes by the first
-// three levels of the lane tree, the 8 keys side by side in key order.
-template <int kVecs>
-__attribute__((always_inline)) inline Vec eight_dots(const float* query, int64_t padded_dim, const float* keys) {
-  const int64_t num_vecs = kVecs > 0 ? kVecs : padded_dim / kLanes;
-  Vec acc[8];
-  for (int k = 0; k < 8; ++k) {
-    const float* key = keys + k * padded_dim;
-    Vec sum{};
-    for (int64_t v = 0; v < num_vecs; ++v) sum = sum + load(query + v * kLanes) * load(key + v * kLanes);
-    acc[k] = sum;
-  }
-  const IVec lo1{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const IVec hi1{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const IVec lo2{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const IVec hi2{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  const IVec lo3{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const IVec hi3{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  Vec level1[4], level2[2];
-  for (int i = 0; i < 4; ++i) level1[i] = DRAFTWISE_PAIR(acc[2 * i], acc[2 * i + 1], lo1, hi1);
-  for (int i = 0; i < 2; ++i) level2[i] = DRAFTWISE_PAIR(level1[2 * i], level1[2 * i + 1], lo2, hi2);
-  return DRAFTWISE_PAIR(level2[0], level2[1], lo3, hi3);
-}
-
-// Scores of kLanes keys (rows of `keys`, padded_dim apart) against one query: every score the
-// same multiply-adds and the same lane tree, whichever lane its key takes.
+// Scores of kLanes keys against one query. A score is kDotLanes partial sums over the head dim
+// (lane l sums d = l, l + kDotLanes, ... in order, multiply-adds) folded by one fixed tree (lane
+// l with l + 4, then + 2, then + 1): every score the same operations whichever lane its key takes.
+// `query` is the row's query twice over per kDotLanes dims ([padded_dim / kDotLanes][2][kDotLanes],
+// pair_query), `keys` two keys side by side per kDotLanes dims (pair_keys): one multiply-add
+// serves two keys.
 template <int kVecs>
 __attribute__((always_inline)) inline Vec group_scores(const float* query, int64_t padded_dim, const float* keys) {
+  const int64_t num_vecs = kVecs > 0 ? 2 * kVecs : 2 * padded_dim / kLanes;  // per key pair
+  Vec pairs[8] = {};  // 8 independent chains side by side: no multiply-add waits on the one before
+  for (int64_t v = 0; v < num_vecs; ++v) {
+    const Vec q = load(query + v * kLanes);
+    for (int k = 0; k < 8; ++k) pairs[k] = pairs[k] + q * load(keys + (k * num_vecs + v) * kLanes);
+  }
+  const IVec lo4{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const IVec hi4{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const IVec lo2{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const IVec hi2{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
   const IVec even{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   const IVec odd{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  const Vec first = eight_dots<kVecs>(query, padded_dim, keys);
-  const Vec second = eight_dots<kVecs>(query, padded_dim, keys + 8 * padded_dim);
-  return DRAFTWISE_PAIR(first, second, even, odd);
+  Vec fours[4], twos[2];  // 4 keys x 4 lanes, 8 keys x 2 lanes, in key order
+  for (int i = 0; i < 4; ++i) fours[i] = DRAFTWISE_PAIR(pairs[2 * i], pairs[2 * i + 1], lo4, hi4);
+  for (int i = 0; i < 2; ++i) twos[i] = DRAFTWISE_PAIR(fours[2 * i], fours[2 * i + 1], lo2, hi2);
+  return DRAFTWISE_PAIR(twos[0], twos[1], even, odd);
 }
 
 #undef DRAFTWISE_PAIR
 
-// acc[r] = sum over t in order of weights[r][t] x values[t], for rows [0, num_rows) (acc [num_rows][padded_dim]).
+// One query row (head_dim floats) as group_scores reads it: each kDotLanes dims twice, zero past head_dim.
+inline void pair_query(const float* row, int64_t head_dim, int64_t padded_dim, float* out) {
+  for (int64_t b = 0; b < padded_dim / kDotLanes; ++b)
+    for (int64_t l = 0; l < kDotLanes; ++l) {
+      const int64_t d = b * kDotLanes + l;
+      out[2 * b * kDotLanes + l] = out[(2 * b + 1) * kDotLanes + l] = d < head_dim ? row[d] : 0.f;
+    }
+}
+
+// Key t (padded_dim floats) at its place in group_scores' layout: keys 2p and 2p + 1 side by side
+// per kDotLanes dims.
+inline float* pair_key(float* tile, int64_t t, int64_t padded_dim) {
+  return tile + (t / 2) * 2 * padded_dim + (t % 2) * kDotLanes;
+}
+
+// acc[r] = sum over t in order of weights[r][t] x values[t], for rows [0, num_rows) (acc [num_rows][padded_dim]);
+// row r's weights are zero from seen[r] on (those keys are skipped: adding zeros changes nothing).
 template <int kVecs>
-void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const float* values,
+void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen, const float* values,
                      int64_t padded_dim, float* acc) {
   constexpr int kRows = kVecs == 4 ? 4 : kVecs == 8 ? 2 : 1;
   const int64_t num_vecs = kVecs > 0 ? kVecs : padded_dim / kLanes;
@@ -112,7 +120,9 @@ void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, c
   int64_t r = 0;
   for (; r + kRows <= num_rows && kVecs > 0; r += kRows) {
     Vec sum[kRows][kHeld] = {};
-    for (int64_t t = 0; t < num_keys; ++t)
+    int64_t end = 0;
+    for (int i = 0; i < kRows; ++i) end = end > seen[r + i] ? end : seen[r + i];
+    for (int64_t t = 0; t < end; ++t)
       for (int64_t v = 0; v < num_vecs; ++v) {
         const Vec value = load(values + t * padded_dim + v * kLanes);
         for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
@@ -123,7 +133,7 @@ void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, c
   for (; r < num_rows; ++r) {
     float* out = acc + r * padded_dim;
     for (int64_t v = 0; v < num_vecs; ++v) store(out + v * kLanes, Vec{});
-    for (int64_t t = 0; t < num_keys; ++t) {
+    for (int64_t t = 0; t < seen[r]; ++t) {
       const float w = weights[r * num_keys + t];
       for (int64_t v = 0; v < num_vecs; ++v)
         store(out + v * kLanes, load(out + v * kLanes) + w * load(values + t * padded_dim + v * kLanes));

@@ -17,9 +17,9 @@
 // this step, nor how the work is split; every path below computes exactly this, in fp32:
 //  * keys are taken in chunks of kChunkKeys positions counted from 0, a chunk in groups of kLanes;
 //    keys a row does not see get weight 0 (and score -inf), which changes no sum.
-//  * score = (query x scale) . key: kLanes partial sums over the head dim (lane l sums d = l,
-//    l + kLanes, ... in order, multiply-adds), then the lanes summed by one fixed tree (lane l with
-//    l + 8, then + 4, + 2, + 1).
+//  * score = (query x scale) . key: kDotLanes partial sums over the head dim (lane l sums d = l,
+//    l + kDotLanes, ... in order, multiply-adds), then the lanes summed by one fixed tree (lane l
+//    with l + 4, then + 2, + 1).
 //  * per chunk: m = max score, weights exp(score - m) (exp_lanes), their sum by lanes over the
 //    groups in order then the same tree, and acc = sum of weight x value over the keys in order.
 //    A tree row's weights are summed at their logical positions (its ancestors packed after
@@ -108,8 +108,9 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
 
 // What one item works in: its rows' scaled queries, one chunk's keys and values, scores / weights.
 struct Scratch {
-  std::vector<float> query, keys, values, weights, packed;
+  std::vector<float> query, keys, values, weights, packed, row;
   std::vector<RowKeys> rows;
+  std::vector<int64_t> seen;  // per row: keys of the chunk it may see (its weights are zero past them)
 };
 
 // A chunk's result for each row of a span: (max, sum, acc [padded_dim]); sum 0 = no key seen.
@@ -126,41 +127,51 @@ struct Inputs {
   const T* v_cache;
 };
 
-// Scaled fp32 queries of the span's rows (zero past head_dim) and each row's keys into `s`.
+// Scaled fp32 queries of the span's rows (as group_scores reads them) and each row's keys into `s`.
 template <typename T>
 void prepare_rows(const Problem& p, const Inputs<T>& in, const Span& span, Scratch& s) {
   const int64_t D = p.head_dim, P = p.padded_dim, q0 = p.starts[span.seq];
   const int64_t num_q = p.starts[span.seq + 1] - q0, ctx = p.lens[span.seq];
-  s.query.assign(span.count * p.group * P, 0.f);
+  s.query.resize(span.count * p.group * 2 * P);
+  s.row.resize(D);
   s.rows.clear();
   for (int64_t i = span.first; i < span.first + span.count; ++i) {
     for (int64_t g = 0; g < p.group; ++g) {
-      float* dst = s.query.data() + ((i - span.first) * p.group + g) * P;
-      to_float(in.q + ((q0 + i) * p.num_heads + span.kv_head * p.group + g) * D, dst, D);
-      for (int64_t d = 0; d < D; ++d) dst[d] *= p.scale;
+      to_float(in.q + ((q0 + i) * p.num_heads + span.kv_head * p.group + g) * D, s.row.data(), D);
+      for (int64_t d = 0; d < D; ++d) s.row[d] *= p.scale;
+      pair_query(s.row.data(), D, P, s.query.data() + ((i - span.first) * p.group + g) * 2 * P);
       s.rows.push_back(row_keys(p, q0 + i, ctx - num_q + i));
     }
   }
 }
 
-// Keys and values [first, first + n) of the span's kv head into fp32 tiles [n rounded up to kLanes][P],
-// zero past n and past head_dim (so a zero weight times them adds exactly nothing).
+// Keys and values [first, first + n) of the span's kv head into fp32 tiles of n rounded up to kLanes
+// keys: keys as group_scores reads them (pair_key), values [key][padded_dim]; zero past n and past
+// head_dim (so a zero weight times them adds exactly nothing).
 template <typename T>
 void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, int64_t n, Scratch& s) {
-  const int64_t D = p.head_dim, P = p.padded_dim, rows = (n + kLanes - 1) / kLanes * kLanes;
-  s.keys.resize(rows * P);
-  s.values.resize(rows * P);
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t j = first + t;
-    const int64_t slot = p.table[span.seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size;
-    const int64_t at = (slot * p.num_kv_heads + span.kv_head) * D;
-    to_float(in.k_cache + at, s.keys.data() + t * P, D);
-    to_float(in.v_cache + at, s.values.data() + t * P, D);
-    std::fill(s.keys.data() + t * P + D, s.keys.data() + (t + 1) * P, 0.f);
-    std::fill(s.values.data() + t * P + D, s.values.data() + (t + 1) * P, 0.f);
+  const int64_t D = p.head_dim, P = p.padded_dim, num_keys = (n + kLanes - 1) / kLanes * kLanes;
+  s.keys.resize(num_keys * P);
+  s.values.resize(num_keys * P);
+  s.row.resize(P);
+  for (int64_t t = 0; t < num_keys; ++t) {
+    float* value = s.values.data() + t * P;
+    if (t < n) {
+      const int64_t j = first + t;
+      const int64_t block = p.table[span.seq * p.table_width + j / p.block_size];
+      const int64_t at = ((block * p.block_size + j % p.block_size) * p.num_kv_heads + span.kv_head) * D;
+      to_float(in.k_cache + at, s.row.data(), D);
+      to_float(in.v_cache + at, value, D);
+      std::fill(s.row.data() + D, s.row.data() + P, 0.f);
+      std::fill(value + D, value + P, 0.f);
+    } else {
+      std::fill(s.row.begin(), s.row.end(), 0.f);
+      std::fill(value, value + P, 0.f);
+    }
+    float* key = pair_key(s.keys.data(), t, P);
+    for (int64_t b = 0; b < P / kDotLanes; ++b)
+      std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
   }
-  std::fill(s.keys.data() + n * P, s.keys.data() + rows * P, 0.f);
-  std::fill(s.values.data() + n * P, s.values.data() + rows * P, 0.f);
 }
 
 // Softmax weights of one row over its chunk (scores in `w`, [num_groups * kLanes]) in place, zero
@@ -215,16 +226,19 @@ void attend_chunk(const Problem& p, const Inputs<T>& in, const Span& span, int64
   load_tiles(p, in, span, first, end - first, s);
   s.weights.resize(num_rows * num_groups * kLanes);
   s.packed.resize(kChunkKeys);
+  s.seen.resize(num_rows);
   for (int64_t r = 0; r < num_rows; ++r) {
     float* w = s.weights.data() + r * num_groups * kLanes;
     const RowKeys& keys = s.rows[r];
     const int64_t row_groups = keys.hi <= first ? 0 : std::min(num_groups, (keys.hi - first + kLanes - 1) / kLanes);
     std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
     for (int64_t g = 0; g < row_groups; ++g)
-      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * P, P, s.keys.data() + g * kLanes * P));
+      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * 2 * P, P, s.keys.data() + g * kLanes * P));
     std::tie(out.max[r], out.sum[r]) = row_weights(w, num_groups, first, keys, s.packed.data());
+    s.seen[r] = row_groups * kLanes;
   }
-  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.values.data(), P, out.acc);
+  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), s.values.data(), P,
+                         out.acc);
 }
 
 // Runs `work(i)` for i in [0, n) on torch's threads, each taking the next item when it is free.
