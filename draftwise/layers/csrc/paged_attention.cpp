@@ -56,6 +56,7 @@ constexpr int64_t kChunkKeys = 128;  // keys per chunk (PAGED_CHUNK_KEYS in atte
 constexpr int64_t kGroups = kChunkKeys / kLanes;
 constexpr int64_t kShortQuery = 16;  // sequences with at most this many query rows split by chunk
 constexpr int64_t kRowBlock = 64;    // query rows per item of a longer query
+constexpr int64_t kPrefetchKeys = 32;  // keys ahead whose rows load_tiles asks the cache for
 
 struct Problem {
   int64_t num_heads, num_kv_heads, group, head_dim, padded_dim, block_size, table_width, num_slots;
@@ -145,6 +146,16 @@ void prepare_rows(const Problem& p, const Inputs<T>& in, const Span& span, Scrat
   }
 }
 
+// Key and value rows at `at` on their way to the cache (rows of a context are scattered over blocks,
+// which the hardware prefetcher does not follow).
+template <typename T>
+inline void prefetch_row(const Inputs<T>& in, int64_t at, int64_t D) {
+  for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(in.k_cache + at) + byte);
+    __builtin_prefetch(reinterpret_cast<const char*>(in.v_cache + at) + byte);
+  }
+}
+
 // Keys and values [first, first + n) of the span's kv head into fp32 tiles of n rounded up to kLanes
 // keys: keys as group_scores reads them (pair_key), values [key][padded_dim]; zero past n and past
 // head_dim (so a zero weight times them adds exactly nothing).
@@ -154,12 +165,16 @@ void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t
   s.keys.resize(num_keys * P);
   s.values.resize(num_keys * P);
   s.row.resize(P);
+  auto offset = [&](int64_t t) {  // of key first + t's row in the cache
+    const int64_t j = first + t, block = p.table[span.seq * p.table_width + j / p.block_size];
+    return ((block * p.block_size + j % p.block_size) * p.num_kv_heads + span.kv_head) * D;
+  };
+  for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(in, offset(t), D);
   for (int64_t t = 0; t < num_keys; ++t) {
     float* value = s.values.data() + t * P;
     if (t < n) {
-      const int64_t j = first + t;
-      const int64_t block = p.table[span.seq * p.table_width + j / p.block_size];
-      const int64_t at = ((block * p.block_size + j % p.block_size) * p.num_kv_heads + span.kv_head) * D;
+      if (t + kPrefetchKeys < n) prefetch_row(in, offset(t + kPrefetchKeys), D);
+      const int64_t at = offset(t);
       to_float(in.k_cache + at, s.row.data(), D);
       to_float(in.v_cache + at, value, D);
       std::fill(s.row.data() + D, s.row.data() + P, 0.f);
