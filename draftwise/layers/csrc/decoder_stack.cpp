@@ -33,6 +33,10 @@
 
 namespace {
 
+// Rows whose projections and MLP activations exist at once (a row's result does not depend on it;
+// POST_ATTENTION_ROWS in decoder_stack.py).
+constexpr int64_t kRowChunk = 512;
+
 // One GGUF weight of a projection: its blocks, type id, layout and its columns of the output.
 struct Part {
   at::Tensor blocks;  // [out_features, row_bytes] uint8
@@ -229,8 +233,11 @@ struct DecoderStack : torch::CustomClassHolder {
     at::Tensor q = at::empty({rows, num_heads, head_dim}, kv_caches.options());
     for (int64_t i = first; i < end; ++i) {
       const Layer& l = layers[i];
-      qkv_rows(l, out.data_ptr<float>(), rows, cos32.at(l.rope).data_ptr<float>(), sin32.at(l.rope).data_ptr<float>(),
-               qkv.data());
+      const float* cos_rows = cos32.at(l.rope).data_ptr<float>();
+      const float* sin_rows = sin32.at(l.rope).data_ptr<float>();
+      for (int64_t r = 0; r < rows; r += kRowChunk)
+        qkv_rows(l, out.data_ptr<float>() + r * hidden, std::min(kRowChunk, rows - r), cos_rows + r * head_dim,
+                 sin_rows + r * head_dim, qkv.data() + r * width);
       at::Tensor cache = kv_caches.select(0, i);  // [2, num_slots, num_kv_heads, head_dim]
       const int64_t num_slots = cache.size(1);
       for (int64_t r = 0; r < rows; ++r) {
@@ -255,7 +262,8 @@ struct DecoderStack : torch::CustomClassHolder {
       } else {
         std::memcpy(attn.data(), a.data_ptr<float>(), rows * q_size * sizeof(float));
       }
-      finish_rows(l, out.data_ptr<float>(), rows, attn.data());
+      for (int64_t r = 0; r < rows; r += kRowChunk)
+        finish_rows(l, out.data_ptr<float>() + r * hidden, std::min(kRowChunk, rows - r), attn.data() + r * q_size);
     }
     return out;
   }
