@@ -1,4 +1,5 @@
-// The arithmetic of paged_attention.cpp's rows, on vectors of kLanes floats (GCC vector extensions:
+// The arithmetic of paged_attention.cpp's rows (scores, softmax weights, weighted values, the merge
+// of chunks), on vectors of kLanes floats (GCC vector extensions:
 // one register on AVX512, two on AVX2). Every function here computes each lane, or each row, the
 // same way whatever the lanes or rows beside it, and sums in one fixed order; the file including it
 // is compiled without -ffast-math, so that order is the one written here.
@@ -6,7 +7,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace draftwise_attention {
 
@@ -109,27 +112,40 @@ inline float* pair_key(float* tile, int64_t t, int64_t padded_dim) {
   return tile + (t / 2) * 2 * padded_dim + (t % 2) * kDotLanes;
 }
 
-// acc[r] = sum over t in order of weights[r][t] x values[t], for rows [0, num_rows) (acc [num_rows][padded_dim]);
-// row r's weights are zero from seen[r] on (those keys are skipped: adding zeros changes nothing).
+// acc[r] = sum over t in order of weights[r][t] x values[t] for kRows rows from r, the sums in
+// registers; row r's weights are zero from seen[r] on (those keys are skipped: adding zeros changes
+// nothing).
+template <int kVecs, int kRows>
+__attribute__((always_inline)) inline void weighted_rows(const float* weights, int64_t r, int64_t num_keys,
+                                                         const int64_t* seen, const float* values,
+                                                         int64_t padded_dim, float* acc) {
+  Vec sum[kRows][kVecs] = {};
+  int64_t end = 0;
+  for (int i = 0; i < kRows; ++i) end = end > seen[r + i] ? end : seen[r + i];
+  for (int64_t t = 0; t < end; ++t)
+    for (int v = 0; v < kVecs; ++v) {
+      const Vec value = load(values + t * padded_dim + v * kLanes);
+      for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
+    }
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) store(acc + (r + i) * padded_dim + v * kLanes, sum[i][v]);
+}
+
+// weighted_rows for rows [0, num_rows) (acc [num_rows][padded_dim]): as many rows at a time as
+// registers hold, the same arithmetic per row whichever block it falls in.
 template <int kVecs>
-void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen, const float* values,
-                     int64_t padded_dim, float* acc) {
-  constexpr int kRows = kVecs == 4 ? 4 : kVecs == 8 ? 2 : 1;
-  const int64_t num_vecs = kVecs > 0 ? kVecs : padded_dim / kLanes;
-  constexpr int kHeld = kVecs > 0 ? kVecs : 1;
+void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen,
+                     const float* values, int64_t padded_dim, float* acc) {
   int64_t r = 0;
-  for (; r + kRows <= num_rows && kVecs > 0; r += kRows) {
-    Vec sum[kRows][kHeld] = {};
-    int64_t end = 0;
-    for (int i = 0; i < kRows; ++i) end = end > seen[r + i] ? end : seen[r + i];
-    for (int64_t t = 0; t < end; ++t)
-      for (int64_t v = 0; v < num_vecs; ++v) {
-        const Vec value = load(values + t * padded_dim + v * kLanes);
-        for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
-      }
-    for (int i = 0; i < kRows; ++i)
-      for (int64_t v = 0; v < num_vecs; ++v) store(acc + (r + i) * padded_dim + v * kLanes, sum[i][v]);
+  if constexpr (kVecs > 0) {
+    constexpr int kRows = kVecs <= 4 ? 4 : 2;
+    for (; r + kRows <= num_rows; r += kRows)
+      weighted_rows<kVecs, kRows>(weights, r, num_keys, seen, values, padded_dim, acc);
+    for (; r + 2 <= num_rows; r += 2) weighted_rows<kVecs, 2>(weights, r, num_keys, seen, values, padded_dim, acc);
+    for (; r < num_rows; ++r) weighted_rows<kVecs, 1>(weights, r, num_keys, seen, values, padded_dim, acc);
+    return;
   }
+  const int64_t num_vecs = padded_dim / kLanes;
   for (; r < num_rows; ++r) {
     float* out = acc + r * padded_dim;
     for (int64_t v = 0; v < num_vecs; ++v) store(out + v * kLanes, Vec{});
@@ -152,6 +168,55 @@ inline void merge_chunk(float& max, float& sum, float* acc, float chunk_max, flo
   for (int64_t v = 0; v < padded_dim; v += kLanes)
     store(acc + v, load(acc + v) * keep + load(chunk_acc + v) * take);
   max = top;
+}
+
+// The keys a query row sees: [lo, hi), less, in a tree row, the keys from tree_start on whose bit is clear.
+struct RowKeys {
+  int64_t lo, hi;
+  bool tree;
+  int64_t tree_start;
+  uint64_t bits;
+
+  bool sees(int64_t j) const {
+    return j >= lo && j < hi && (!tree || j < tree_start || ((bits >> (j - tree_start)) & 1) != 0);
+  }
+};
+
+// Softmax weights of one row over its chunk (scores in `w`, [num_groups * kLanes]) in place, zero
+// where the row sees no key; returns (max, sum). `packed` holds num_groups * kLanes floats of room.
+inline std::pair<float, float> row_weights(float* w, int64_t num_groups, int64_t first, const RowKeys& keys,
+                                           float* packed) {
+  Vec top = splat(kMinusInf);
+  for (int64_t g = 0; g < num_groups; ++g) {
+    const int64_t j0 = first + g * kLanes;
+    Vec score = load(w + g * kLanes);
+    if (!(j0 >= keys.lo && j0 + kLanes <= keys.hi && !keys.tree)) {  // a group the row partly sees
+      IVec seen{};
+      for (int64_t l = 0; l < kLanes; ++l) seen[l] = keys.sees(j0 + l) ? -1 : 0;
+      score = seen ? score : splat(kMinusInf);
+      store(w + g * kLanes, score);
+    }
+    top = top > score ? top : score;
+  }
+  const float max = lane_max(top);
+  if (max == kMinusInf) {
+    std::fill(w, w + num_groups * kLanes, 0.f);
+    return {max, 0.f};
+  }
+  for (int64_t g = 0; g < num_groups; ++g) store(w + g * kLanes, exp_lanes(load(w + g * kLanes) - max));
+  const float* summed = w;
+  if (keys.tree && keys.tree_start < first + num_groups * kLanes) {  // ancestors at their positions
+    std::fill(packed, packed + num_groups * kLanes, 0.f);
+    const int64_t split = std::max<int64_t>(0, keys.tree_start - first);
+    std::copy(w, w + split, packed);
+    int64_t at = split;
+    for (int64_t t = split; t < num_groups * kLanes; ++t)
+      if (keys.sees(first + t)) packed[at++] = w[t];
+    summed = packed;
+  }
+  Vec total{};
+  for (int64_t g = 0; g < num_groups; ++g) total += load(summed + g * kLanes);
+  return {max, lane_sum(total)};
 }
 
 }  // namespace draftwise_attention

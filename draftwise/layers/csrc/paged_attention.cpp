@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "attention_lanes.h"
@@ -73,18 +74,6 @@ struct Span {
   int64_t seq, kv_head, first, count;
 };
 
-// The keys a query row sees: [lo, hi), less, in a tree row, the keys from tree_start on whose bit is clear.
-struct RowKeys {
-  int64_t lo, hi;
-  bool tree;
-  int64_t tree_start;
-  uint64_t bits;
-
-  bool sees(int64_t j) const {
-    return j >= lo && j < hi && (!tree || j < tree_start || ((bits >> (j - tree_start)) & 1) != 0);
-  }
-};
-
 RowKeys row_keys(const Problem& p, int64_t token, int64_t pos) {
   const int64_t tree_start = p.tree != nullptr ? p.tree[2 * token] : pos + 1;
   RowKeys keys{0, pos + 1, tree_start <= pos, tree_start, 0};
@@ -111,6 +100,7 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
 struct Scratch {
   std::vector<float> query, keys, values, weights, packed, row;
   std::vector<RowKeys> rows;
+  std::vector<int64_t> rows_at;  // per key of the chunk: its row's offset in the cache
   std::vector<int64_t> seen;  // per row: keys of the chunk it may see (its weights are zero past them)
 };
 
@@ -162,22 +152,25 @@ inline void prefetch_row(const Inputs<T>& in, int64_t at, int64_t D) {
 template <typename T>
 void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, int64_t n, Scratch& s) {
   const int64_t D = p.head_dim, P = p.padded_dim, num_keys = (n + kLanes - 1) / kLanes * kLanes;
+  const int64_t stride = p.num_kv_heads * D;  // between a block's consecutive slots
   s.keys.resize(num_keys * P);
   s.values.resize(num_keys * P);
-  s.row.resize(P);
-  auto offset = [&](int64_t t) {  // of key first + t's row in the cache
-    const int64_t j = first + t, block = p.table[span.seq * p.table_width + j / p.block_size];
-    return ((block * p.block_size + j % p.block_size) * p.num_kv_heads + span.kv_head) * D;
-  };
-  for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(in, offset(t), D);
+  s.row.assign(P, 0.f);
+  s.rows_at.resize(n);
+  for (int64_t t = 0; t < n;) {  // each key's row offset, a block at a time
+    const int64_t j = first + t, in_block = std::min(p.block_size - j % p.block_size, n - t);
+    const int64_t base = ((p.table[span.seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size) *
+                          p.num_kv_heads + span.kv_head) * D;
+    for (int64_t i = 0; i < in_block; ++i) s.rows_at[t + i] = base + i * stride;
+    t += in_block;
+  }
+  for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(in, s.rows_at[t], D);
   for (int64_t t = 0; t < num_keys; ++t) {
     float* value = s.values.data() + t * P;
     if (t < n) {
-      if (t + kPrefetchKeys < n) prefetch_row(in, offset(t + kPrefetchKeys), D);
-      const int64_t at = offset(t);
-      to_float(in.k_cache + at, s.row.data(), D);
-      to_float(in.v_cache + at, value, D);
-      std::fill(s.row.data() + D, s.row.data() + P, 0.f);
+      if (t + kPrefetchKeys < n) prefetch_row(in, s.rows_at[t + kPrefetchKeys], D);
+      to_float(in.k_cache + s.rows_at[t], s.row.data(), D);
+      to_float(in.v_cache + s.rows_at[t], value, D);
       std::fill(value + D, value + P, 0.f);
     } else {
       std::fill(s.row.begin(), s.row.end(), 0.f);
@@ -187,42 +180,6 @@ void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t
     for (int64_t b = 0; b < P / kDotLanes; ++b)
       std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
   }
-}
-
-// Softmax weights of one row over its chunk (scores in `w`, [num_groups * kLanes]) in place, zero
-// where the row sees no key; returns (max, sum). `packed` holds kChunkKeys floats of room.
-std::pair<float, float> row_weights(float* w, int64_t num_groups, int64_t first, const RowKeys& keys, float* packed) {
-  Vec top = splat(kMinusInf);
-  for (int64_t g = 0; g < num_groups; ++g) {
-    const int64_t j0 = first + g * kLanes;
-    Vec score = load(w + g * kLanes);
-    if (!(j0 >= keys.lo && j0 + kLanes <= keys.hi && !keys.tree)) {  // a group the row partly sees
-      IVec seen{};
-      for (int64_t l = 0; l < kLanes; ++l) seen[l] = keys.sees(j0 + l) ? -1 : 0;
-      score = seen ? score : splat(kMinusInf);
-      store(w + g * kLanes, score);
-    }
-    top = top > score ? top : score;
-  }
-  const float max = lane_max(top);
-  if (max == kMinusInf) {
-    std::fill(w, w + num_groups * kLanes, 0.f);
-    return {max, 0.f};
-  }
-  for (int64_t g = 0; g < num_groups; ++g) store(w + g * kLanes, exp_lanes(load(w + g * kLanes) - max));
-  const float* summed = w;
-  if (keys.tree && keys.tree_start < first + num_groups * kLanes) {  // ancestors at their positions
-    std::fill(packed, packed + kChunkKeys, 0.f);
-    const int64_t split = std::max<int64_t>(0, keys.tree_start - first);
-    std::copy(w, w + split, packed);
-    int64_t at = split;
-    for (int64_t t = split; t < num_groups * kLanes; ++t)
-      if (keys.sees(first + t)) packed[at++] = w[t];
-    summed = packed;
-  }
-  Vec total{};
-  for (int64_t g = 0; g < num_groups; ++g) total += load(summed + g * kLanes);
-  return {max, lane_sum(total)};
 }
 
 // One chunk [first, first + kChunkKeys) for every row of `span` (prepare_rows done): each row's
@@ -306,7 +263,8 @@ void attend_rows(const Problem& p, const Inputs<T>& in, const Span& span, T* out
   write_rows(p, span, sum, acc, out);
 }
 
-// Short queries: one item per (sequence, kv head, chunk), then one merge per (sequence, kv head).
+// Short queries: one item per (sequence, kv head, chunk); the item that finishes a (sequence, kv
+// head) last merges its chunks, in chunk order.
 template <typename T, int kVecs>
 void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span>& spans, T* out) {
   struct Item { int64_t span, first, offset; };  // offset: first row of its partial results
@@ -323,22 +281,28 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
   }
   const int64_t P = p.padded_dim;
   std::vector<float> max(num_rows), sum(num_rows), acc(num_rows * P);
+  std::unique_ptr<std::atomic<int64_t>[]> pending(new std::atomic<int64_t>[spans.size()]);
+  for (size_t i = 0; i < spans.size(); ++i) pending[i] = span_items[i + 1] - span_items[i];
+  auto merge = [&](int64_t i) {
+    thread_local std::vector<float> state;
+    const int64_t rows = spans[i].count * p.group;
+    state.assign(rows * (2 + P), 0.f);
+    float *row_max = state.data(), *row_sum = row_max + rows, *row_acc = row_sum + rows;
+    std::fill(row_max, row_max + rows, kMinusInf);
+    for (int64_t k = span_items[i]; k < span_items[i + 1]; ++k)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t at = items[k].offset + r;
+        merge_chunk(row_max[r], row_sum[r], row_acc + r * P, max[at], sum[at], acc.data() + at * P, P);
+      }
+    write_rows(p, spans[i], row_sum, row_acc, out);
+  };
   dynamic_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
     thread_local Scratch s;
     const Item& it = items[i];
     prepare_rows(p, in, spans[it.span], s);
     attend_chunk<T, kVecs>(p, in, spans[it.span], it.first, s,
                            {max.data() + it.offset, sum.data() + it.offset, acc.data() + it.offset * P});
-  });
-  dynamic_for(static_cast<int64_t>(spans.size()), [&](int64_t i) {
-    const int64_t rows = spans[i].count * p.group;
-    std::vector<float> row_max(rows, kMinusInf), row_sum(rows, 0.f), row_acc(rows * P, 0.f);
-    for (int64_t k = span_items[i]; k < span_items[i + 1]; ++k)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t at = items[k].offset + r;
-        merge_chunk(row_max[r], row_sum[r], row_acc.data() + r * P, max[at], sum[at], acc.data() + at * P, P);
-      }
-    write_rows(p, spans[i], row_sum.data(), row_acc.data(), out);
+    if (pending[it.span].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(it.span);
   });
 }
 
