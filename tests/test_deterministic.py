@@ -67,4 +67,5 @@ def test_seeded_sampling_does_not_depend_on_the_schedule(prompts):
 
 
 def test_fp32_tokens_do_not_depend_on_the_schedule(prompts):
-    _check("float32", prompts, SamplingParams(temperature=0, max_tokens=32), ["plain", "chunked prefill 64"])
+    # de-quantized fp32 weights decode ~10x slower than the blocks: fewer tokens, the same schedules
+    _check("float32", prompts, SamplingParams(temperature=0, max_tokens=12), ["plain", "chunked prefill 64"])
