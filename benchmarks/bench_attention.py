@@ -35,7 +35,8 @@ CASES = [("prefill", 1024, 1024), ("prefill", 2048, 2048), ("prefill", 4096, 409
 def _inputs(shape, context: int, rows: int, dtype: torch.dtype):
     heads, kv_heads, dim = shape
     gen = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, context, kv_heads, dim, generator=gen).to(dtype)  # [2, slots, kv_heads, dim]
+    slots = -(-context // BLOCK_SIZE) * BLOCK_SIZE
+    cache = torch.randn(2, slots, kv_heads, dim, generator=gen).to(dtype)  # [2, slots, kv_heads, dim]
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)  # [rows, heads, dim]
     return cache, q
 
@@ -44,9 +45,9 @@ def _runners(shape, context: int, rows: int, dtype: torch.dtype):
     """(kernel, sdpa): each attends the last ``rows`` positions of one ``context``-token sequence."""
     cache, q = _inputs(shape, context, rows, dtype)
     dim = shape[2]
-    table = torch.arange(context // BLOCK_SIZE)[None]
+    table = torch.arange(cache.shape[1] // BLOCK_SIZE)[None]
     starts, lens = torch.tensor([0, rows]), torch.tensor([context])
-    keys, values = (cache[i].transpose(0, 1)[None] for i in (0, 1))  # [1, kv_heads, context, dim]
+    keys, values = (cache[i, :context].transpose(0, 1)[None] for i in (0, 1))  # [1, kv_heads, context, dim]
     queries = q.transpose(0, 1)[None]  # [1, heads, rows, dim]
     mask = None
     if rows not in (1, context):  # verify rows: each sees the keys up to its own position

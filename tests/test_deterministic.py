@@ -3,13 +3,17 @@ tokens equal those of the same request alone on a fresh engine, whatever ran bef
 after prefix-cache hits, in one batch with other prompts, with chunked prefill at several token
 budgets, preempted and resumed, and with every drafting method that ships for it (ngram, suffix,
 the EAGLE-3 head, a token tree, suffix mixed into EAGLE-3), greedy and seeded-sampled, in the
-model's dtype and in fp32. Each engine runs the other chats first (prefix hits), then the edits
+model's dtype and in fp32; and through ``draftwise serve`` with 8 concurrent streams. Each engine runs the other chats first (prefix hits), then the edits
 alone, then the edits inside a batch; a failing case names its schedule."""
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
 
+import openai
 import pytest
+from conftest import API_KEY, SERVED_NAME, start_server, stop_server
 
 from draftwise import LLM, SamplingParams
 from draftwise.bench.workloads import load_workload
@@ -69,3 +73,32 @@ def test_seeded_sampling_does_not_depend_on_the_schedule(prompts):
 def test_fp32_tokens_do_not_depend_on_the_schedule(prompts):
     # de-quantized fp32 weights decode ~10x slower than the blocks: fewer tokens, the same schedules
     _check("float32", prompts, SamplingParams(temperature=0, max_tokens=12), ["plain", "chunked prefill 64"])
+
+
+def test_eight_concurrent_streams_answer_as_each_request_alone(prompts, tmp_path):
+    """``draftwise serve`` (bundled model, suffix decoding) streaming 8 chats at once: each text is
+    the one the same chat gets alone on a fresh engine."""
+    edits, chats = prompts
+    requests = (edits + chats) * 2
+    requests = requests[:8]
+    fresh = LLM()
+    params = SamplingParams(temperature=0, max_tokens=24)
+    expected = [fresh.chat([messages], params, use_tqdm=False)[0].outputs[0].text for messages in requests]
+    del fresh
+    gc.collect()
+    proc, url = start_server("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path / "serve.log",
+                             ["--dtype", "auto", "-sc", json.dumps({"method": "suffix"})])
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY)
+
+    async def stream(messages) -> str:
+        chunks = await client.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=24,
+                                                      temperature=0, stream=True)
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in chunks if chunk.choices])
+
+    async def all_at_once() -> list[str]:
+        return await asyncio.wait_for(asyncio.gather(*(stream(messages) for messages in requests)), 120)
+
+    try:
+        assert asyncio.run(all_at_once()) == expected
+    finally:
+        stop_server(proc)

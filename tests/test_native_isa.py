@@ -1,8 +1,8 @@
 """The C++ kernels built for lesser ISA levels than this CPU's: AVX2 without VNNI
 (``-march=x86-64-v3``, what a Zen 3 runs) and no AVX (``x86-64-v2``, the scalar code) compute the
-GGUF linears exactly as the files' weights times the rounded activations, batch invariant:
-``test_gguf_linear.py`` runs in a subprocess whose library is built with
-``DRAFTWISE_NATIVE_MARCH``."""
+GGUF linears exactly as the files' weights times the rounded activations, batch invariant, and
+give an attention row the same output under every schedule: ``test_gguf_linear.py`` and
+``test_row_invariance.py`` run in a subprocess whose library is built with ``DRAFTWISE_NATIVE_MARCH``."""
 from __future__ import annotations
 
 import os
@@ -27,7 +27,7 @@ def test_kernels_built_for_a_lesser_isa(march):
         pytest.skip("this CPU has no AVX2")
     env = {**os.environ, native.MARCH_ENV: march}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(TESTS / "test_gguf_linear.py"),
-               "-k", "not bundled"]
+               str(TESTS / "test_row_invariance.py"), "-k", "not bundled"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, cwd=TESTS.parent, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1]

@@ -369,6 +369,12 @@ at::Tensor paged_attention_cpu(const at::Tensor& q, const at::Tensor& kv_cache, 
                         sliding_window, static_cast<float>(scale), table.data_ptr<int64_t>(),
                         starts.data_ptr<int64_t>(), lens.data_ptr<int64_t>(),
                         tree.defined() ? tree.data_ptr<int64_t>() : nullptr};
+  for (int64_t s = 0; s < lens.size(0); ++s) {
+    const int64_t num_q = problem.starts[s + 1] - problem.starts[s], ctx = problem.lens[s];
+    TORCH_CHECK(0 <= num_q && num_q <= ctx && (ctx + block_size - 1) / block_size <= problem.table_width,
+                "paged_attention: sequence ", s, " (", num_q, " query rows, ", ctx, " keys) does not fit its ",
+                problem.table_width, " blocks of ", block_size);
+  }
   if (tree.defined()) check_tree(problem, lens.size(0));
   at::Tensor out = at::empty_like(q);
   if (q.scalar_type() == at::kBFloat16) {
