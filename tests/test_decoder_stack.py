@@ -79,7 +79,7 @@ def test_a_whole_step_equals_its_halves(quantized):
     ids = torch.cat([seqs[0][26:30], seqs[1][19:20]])
     positions = torch.cat([torch.arange(26, 30), torch.arange(19, 20)])
     meta = model.attention_metadata(build_metadata(table, [4, 1], [30, 20], BLOCK_SIZE, _window(model), CPU))
-    assert meta.cu_query_lens is not None and meta.split is None  # the paged kernel: the whole path
+    assert meta.cu_query_lens is not None  # the paged kernel: the whole path
     whole, halves, kv_whole, kv_halves = whole_and_halves(model, meta, ids, positions, kv)
     assert torch.equal(whole, halves), name
     assert torch.equal(kv_whole, kv_halves), name

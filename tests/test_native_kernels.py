@@ -1,5 +1,5 @@
-"""draftwise's C++ CPU kernels (``layers/csrc/cpu_kernels.cpp``) compute what torch computes.
-The paged attention kernel: ragged decode and verify batches over scattered blocks, GQA, sliding
+"""draftwise's C++ CPU kernels (``layers/csrc/paged_attention.cpp``, ``cpu_kernels.cpp``) compute
+what torch computes. The paged attention kernel: ragged decode and verify batches over scattered blocks, GQA, sliding
 windows, bf16 and fp32, and an engine running it decodes exactly as one running SDPA (fp32).
 The RMSNorm kernel: equal to ``F.rms_norm`` within fp32 rounding; training keeps torch's op."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import PROMPTS, greedy
 from draftwise import LLM
 from draftwise.layers import native
 from draftwise.layers.common import RMSNorm
-from draftwise.layers.attention import build_metadata, paged_attention, split_by_kernel, with_paged_kernel
+from draftwise.layers.attention import build_metadata, for_kernel, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")
 BLOCK_SIZE, NUM_BLOCKS, HEADS, KV_HEADS, HEAD_DIM = 16, 160, 6, 2, 32
@@ -91,31 +91,13 @@ def test_kernel_honours_the_sliding_window_only_on_sliding_layers(sliding):
     torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("sliding", [True, False])
-def test_a_mixed_batch_splits_between_the_kernel_and_sdpa(sliding):
-    """Sequences whose query rows the plan gives the kernel run on it, the others (5+ rows here, a
-    a prefill chunk) on SDPA over their own contexts, each row in its place."""
-    query_lens, context_lens = [1, 6, 1, 70, 3, 1], [40, 90, 17, 150, 33, 200]
-    gen = torch.Generator().manual_seed(11)
-    table = torch.randperm(NUM_BLOCKS, generator=gen)[:6 * 13].view(6, 13)
-    meta = build_metadata(table, query_lens, context_lens, BLOCK_SIZE, 50, torch.device("cpu"))
-    split = split_by_kernel(meta, ["paged"] * 5 + ["fp32"]).split
-    assert split is not None and split.paged.cu_query_lens is not None and split.sdpa.cu_query_lens is None
-    assert split.paged.query_lens == [1, 1, 3, 1] and split.sdpa.query_lens == [6, 70]
-    assert sorted(torch.cat((split.paged_rows, split.sdpa_rows)).tolist()) == list(range(sum(query_lens)))
-    q, k, v = (torch.randn(sum(query_lens), h, HEAD_DIM, generator=gen) for h in (HEADS, KV_HEADS, KV_HEADS))
-    cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
-    out = paged_attention(q, k, v, cache.clone(), dataclasses.replace(meta, split=split), 0.2, sliding)
-    reference = paged_attention(q, k, v, cache.clone(), meta, 0.2, sliding)
-    torch.testing.assert_close(out, reference, atol=1e-5, rtol=0)
-
-
-def test_one_kernel_for_a_batch_whose_sequences_agree():
-    table = torch.arange(16).view(2, 8)
-    meta = build_metadata(table, [1, 3], [40, 60], BLOCK_SIZE, None, torch.device("cpu"))
-    assert split_by_kernel(meta, ["paged"] * 5).cu_query_lens is not None
-    assert split_by_kernel(meta, ["paged", "fp32"]).compute_dtype == torch.float32  # no kernel for 3 rows
-    assert split_by_kernel(meta, ["native"] * 2 + ["paged"]).split is not None
+def test_one_kernel_attends_the_whole_batch():
+    """Decodes, verify rows and a prompt chunk in one batch: the plan's kernel for all of them."""
+    table = torch.arange(24).view(3, 8)
+    meta = build_metadata(table, [1, 3, 70], [40, 60, 120], BLOCK_SIZE, None, torch.device("cpu"))
+    assert for_kernel(meta, "paged").cu_query_lens is not None
+    assert for_kernel(meta, "fp32").compute_dtype == torch.float32 and for_kernel(meta, "fp32").cu_query_lens is None
+    assert for_kernel(meta, "native").compute_dtype is None and for_kernel(meta, "native").cu_query_lens is None
 
 
 def test_prompts_run_the_kernel_and_non_causal_queries_keep_the_torch_path():
@@ -134,23 +116,6 @@ def test_engine_on_the_kernel_decodes_as_on_sdpa(tiny_model_dir):
         model.set_attention_plan({1: kernel, 16: "native"})
         outputs[kernel] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert outputs["paged"] == outputs["native"]
-
-
-def test_engine_on_split_batches_decodes_as_on_sdpa(tiny_model_dir):
-    """Prefill chunks joining decodes and ngram verify rows past the plan's kernel rows: every such
-    step splits, and the tokens equal those of SDPA alone (fp32)."""
-    ngram = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, device="cpu", max_num_batched_tokens=48,
-              speculative_config=ngram)
-    model = llm.llm_engine.runner.model
-    plan_of, splits = model.attention_metadata, []
-    model.attention_metadata = lambda meta: splits.append(plan_of(meta).split is not None) or plan_of(meta)
-    params = [greedy(n, ignore_eos=True) for n in (30, 24, 40, 16, 28, 34, 20, 26)]
-    outputs = {}
-    for plan in ({1: "native"}, {3: "paged", 64: "native"}):
-        model.set_attention_plan(plan)
-        outputs[len(plan)] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-    assert outputs[2] == outputs[1] and any(splits)
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (7, 576), (3, 2, 40)])

@@ -212,7 +212,7 @@ def test_a_tree_step_through_the_stack_equals_each_path_alone(stacked):
     prompt_kv = kv.clone()
     tree_mask = torch.tensor([(PROMPT, b) for b in TREE_BITS])
     tree, meta = step(nodes, torch.tensor(TREE_POSITIONS), PROMPT + 5, tree_mask)
-    assert meta.cu_query_lens is not None and meta.split is None, name  # the whole-stack path
+    assert meta.cu_query_lens is not None, name  # the whole-stack path
     tree_kv = kv.clone()
     for path in PATHS:
         kv.copy_(prompt_kv)

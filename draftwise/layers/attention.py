@@ -31,12 +31,8 @@ It reads each sequence's K/V straight from its blocks, with neither the gathered
 masks. ``with_paged_kernel(meta)`` adds the two index tensors it takes. The SDPA paths below
 serve the GPU, non-causal batches (a DFlash drafter's block) and machines without a compiler.
 
-The kernel is chosen per sequence, by its query rows: in a mixed batch (32
-decodes and one prefill chunk, or one sequence verifying more drafts than the
-kernel is chosen for) ``split_by_kernel`` sends the paged kernel's sequences
-to it and only the others through SDPA, which then gathers only their
-contexts: one sequence with many drafts never sends every decode of the batch
-through the gathered path.
+A model attends every batch with one kernel (``for_kernel``): the paged kernel, or SDPA in the
+model's dtype or in fp32, so a row's arithmetic never depends on the rows batched with it.
 
 Example: two sequences, one decoding at position 5 and one prefilling
 positions 0..2. ``num_tokens`` = 4, ``query_index`` = [[0, 0, 0], [1, 2, 3]]
@@ -85,7 +81,6 @@ class AttentionMetadata:
     sliding_window: int | None = None
     cu_query_lens: torch.Tensor | None = None  # [num_seqs + 1]; set: run the paged CPU kernel
     seq_lens: torch.Tensor | None = None  # [num_seqs] context lengths, with cu_query_lens
-    split: "KernelSplit | None" = None  # set: the sequences take two attention paths
     # Token trees: per row (tree_start, bits). A row sees key slot j <= its own slot where
     # j < tree_start, or bit (j - tree_start) of bits is set (ancestors in a draft tree, <= 64 slots);
     # rows outside any tree carry tree_start = NO_TREE (plain causal). None: every row is causal.
@@ -98,15 +93,6 @@ class AttentionMetadata:
             self._sdpa = _sdpa_index(self.query_lens, self.context_lens, self.causal, self.sliding_window,
                                      self.block_table.device, self.tree_mask)
         return self._sdpa
-
-
-@dataclass
-class KernelSplit:
-    """A batch split between the paged kernel and SDPA; each part's metadata covers its sequences."""
-    paged_rows: torch.Tensor  # [num_paged_tokens] rows of the batch that run on the paged kernel
-    paged: AttentionMetadata
-    sdpa_rows: torch.Tensor  # [num_sdpa_tokens] the other rows
-    sdpa: AttentionMetadata
 
 
 def build_metadata(block_tables: torch.Tensor,  # [num_seqs, max_blocks] int64, pad -1
@@ -181,30 +167,12 @@ def with_paged_kernel(meta: AttentionMetadata) -> AttentionMetadata:
     return dataclasses.replace(meta, cu_query_lens=cu, seq_lens=torch.tensor(meta.context_lens, dtype=torch.int64))
 
 
-def split_by_kernel(meta: AttentionMetadata, kernel_of: list[str]) -> AttentionMetadata:
-    """``meta`` set for the kernel ``kernel_of[query_len]`` picks for each sequence (``paged``,
-    ``fp32`` or ``native``; the last entry serves longer queries): one kernel for the whole batch
-    where they agree, else a ``KernelSplit`` between the paged kernel and SDPA."""
-    pick = lambda q_len: kernel_of[min(q_len, len(kernel_of) - 1)]  # noqa: E731
-    paged = [pick(q) == "paged" for q in meta.query_lens]
-    if all(paged) or not any(paged) or not meta.causal:
-        kernel = pick(meta.max_query_len)
-        if kernel == "fp32":
-            return dataclasses.replace(meta, compute_dtype=torch.float32)
-        return with_paged_kernel(meta) if kernel == "paged" else meta
-    device = meta.block_table.device
-    row_on_kernel = torch.tensor(paged).repeat_interleave(torch.tensor(meta.query_lens))  # [num_tokens]
-    parts = []
-    for on_kernel in (True, False):
-        seqs = [i for i, p in enumerate(paged) if p == on_kernel]
-        rows = (row_on_kernel == on_kernel).nonzero().squeeze(1)
-        tree = meta.tree_mask[rows] if meta.tree_mask is not None else None
-        part = build_metadata(meta.block_table[seqs], [meta.query_lens[i] for i in seqs],
-                              [meta.context_lens[i] for i in seqs], meta.block_size, meta.sliding_window, device,
-                              tree_mask=tree)
-        part = with_paged_kernel(part) if on_kernel else split_by_kernel(part, kernel_of)
-        parts += [rows.to(device), part]
-    return dataclasses.replace(meta, split=KernelSplit(*parts))
+def for_kernel(meta: AttentionMetadata, kernel: str) -> AttentionMetadata:
+    """``meta`` set for ``kernel``: ``paged`` (the C++ kernel where it applies, else SDPA), ``fp32``
+    (SDPA in fp32) or ``native`` (SDPA in the model's dtype)."""
+    if kernel == "paged":
+        return with_paged_kernel(meta)
+    return dataclasses.replace(meta, compute_dtype=torch.float32) if kernel == "fp32" else meta
 
 
 def _masks(key_pos: torch.Tensor,  # [max_ctx]
@@ -264,12 +232,6 @@ def _attend(q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         window = meta.sliding_window if sliding else None
         return static_attend(q, kv_cache, meta.block_table, meta.static.context_lens, meta.block_size, scale,
                              window, meta.compute_dtype)
-    if meta.split is not None:
-        split = meta.split
-        out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
-        out[split.paged_rows] = _attend(q[split.paged_rows], kv_cache, split.paged, scale, sliding)
-        out[split.sdpa_rows] = _attend(q[split.sdpa_rows], kv_cache, split.sdpa, scale, sliding)
-        return out
     if meta.cu_query_lens is not None:
         window = meta.sliding_window if sliding and meta.sliding_window else 0
         out = torch.ops.draftwise_cpu.paged_attention(q.contiguous(), kv_cache, meta.block_table, meta.cu_query_lens,

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import native
-from ..layers.attention import AttentionMetadata, paged_attention, split_by_kernel
+from ..layers.attention import AttentionMetadata, for_kernel, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.gguf_linear import GGUFLinear
@@ -172,13 +172,15 @@ class DecoderLM(nn.Module):
         self.set_attention_plan({1: "native"})
 
     def set_attention_plan(self, plan: dict[int, str]) -> None:
-        """Query rows per sequence -> attend in the model dtype (``native``), in ``fp32``, or with
-        the paged CPU kernel (``paged``; ``native`` where it is not built). Rows that SDPA attends
-        all take one dtype, the plan's at its largest SDPA bucket, else fp32 (as the paged kernel
-        accumulates), so a row's arithmetic never depends on the query rows batched with it."""
-        kernels = [k if k != "paged" or native.load() else "native" for k in plan_by_rows(plan)]
-        sdpa = next((k for k in reversed(kernels) if k != "paged"), "fp32")
-        self._attention_kernels = [k if k == "paged" else sdpa for k in kernels]
+        """Query rows per sequence -> ``paged`` (the C++ kernel), ``native`` or ``fp32`` (SDPA in the
+        model's dtype or fp32). One kernel attends every batch, so a row's arithmetic never depends
+        on the rows batched with it: the paged kernel where the plan names it and it is built, else
+        SDPA in the dtype of the plan's largest SDPA bucket (fp32 if none)."""
+        kernels = plan_by_rows(plan)
+        if "paged" in kernels and native.load():
+            self._attention_kernel = "paged"
+        else:
+            self._attention_kernel = next((k for k in reversed(kernels) if k != "paged"), "fp32")
 
     @property
     def uses_sliding_window(self) -> bool:
@@ -197,7 +199,7 @@ class DecoderLM(nn.Module):
 
     def attention_metadata(self, meta: AttentionMetadata) -> AttentionMetadata:
         """``meta`` set for the attention kernel this model's plan picks for its query rows."""
-        return split_by_kernel(meta, self._attention_kernels)
+        return for_kernel(meta, self._attention_kernel)
 
     def forward(self, input_ids: torch.Tensor,  # [num_tokens]
                 positions: torch.Tensor,  # [num_tokens]

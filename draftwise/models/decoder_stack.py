@@ -10,8 +10,8 @@ model keeps its Python layers.
 ``run_stack(model, x, rope, aux_layer_ids)`` runs the layers inside the forward context. A step
 whose every sequence attends with the paged kernel (every causal step where it built) is one C++
 call per run of layers between the requested aux layers; any other step (a non-causal drafter
-block, a batch split between kernels) runs each layer as two C++ halves around the Python
-attention of the forward context. Both paths give a row the same result: the halves and the whole share their
+block, a plan on SDPA) runs each layer as two C++ halves around the Python attention of the
+forward context. Both paths give a row the same result: the halves and the whole share their
 arithmetic, and attention of a paged-kernel row is the same kernel on the same inputs.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def run_stack(model, x: torch.Tensor,  # [num_tokens, hidden] fp32 residual stre
     cos = [rope[t][0] for t in model.rope_types]
     sin = [rope[t][1] for t in model.rope_types]
     num_layers = len(model.layers)
-    whole = meta.cu_query_lens is not None and meta.split is None and x.shape[0] == meta.slot_mapping.numel()
+    whole = meta.cu_query_lens is not None and x.shape[0] == meta.slot_mapping.numel()
     bounds = sorted({i for i in aux_layer_ids if 0 < i < num_layers} | {num_layers})
     aux, start = {}, 0
     for end in bounds:
