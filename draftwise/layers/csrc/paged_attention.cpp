@@ -29,8 +29,11 @@
 // This file is compiled without -ffast-math (native.py), so the compiler keeps that order.
 //
 // Work: a sequence with at most kShortQuery query rows is split by (kv head, chunk), flash-decoding
-// style, so one long context still keeps every core busy, and its chunks are merged in a second
-// pass; a longer one (prefill) by (kv head, kRowBlock query rows), each item walking its chunks.
+// style, so one long context still keeps every core busy, and the item that finishes a (sequence,
+// kv head) last merges its chunks; a longer one (prefill) by (kv head, kRowBlock query rows), each
+// item walking its chunks. Both orders of work compute the arithmetic above, bit for bit
+// (tests/test_row_invariance.py). The vector code uses GCC's __builtin_shuffle: another compiler
+// fails the build, and native.py then keeps torch's SDPA.
 #include "paged_attention.h"
 
 #include <ATen/Functions.h>
@@ -54,7 +57,6 @@ namespace {
 using namespace draftwise_attention;
 
 constexpr int64_t kChunkKeys = 128;  // keys per chunk (PAGED_CHUNK_KEYS in attention.py)
-constexpr int64_t kGroups = kChunkKeys / kLanes;
 constexpr int64_t kShortQuery = 16;  // sequences with at most this many query rows split by chunk
 constexpr int64_t kRowBlock = 64;    // query rows per item of a longer query
 constexpr int64_t kPrefetchKeys = 32;  // keys ahead whose rows load_tiles asks the cache for
@@ -74,6 +76,7 @@ struct Span {
   int64_t seq, kv_head, first, count;
 };
 
+// The keys query row `token`, at position `pos`, sees (attention_lanes.h).
 RowKeys row_keys(const Problem& p, int64_t token, int64_t pos) {
   const int64_t tree_start = p.tree != nullptr ? p.tree[2 * token] : pos + 1;
   RowKeys keys{0, pos + 1, tree_start <= pos, tree_start, 0};
