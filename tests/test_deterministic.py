@@ -71,8 +71,8 @@ def test_seeded_sampling_does_not_depend_on_the_schedule(prompts):
 
 
 def test_fp32_tokens_do_not_depend_on_the_schedule(prompts):
-    # de-quantized fp32 weights decode ~10x slower than the blocks: fewer tokens, the same schedules
-    _check("float32", prompts, SamplingParams(temperature=0, max_tokens=12), ["plain", "chunked prefill 64"])
+    # de-quantized fp32 weights decode ~10x slower than the blocks: fewer tokens, prefix hits and a batch
+    _check("float32", prompts, SamplingParams(temperature=0, max_tokens=12), ["plain"])
 
 
 def test_eight_concurrent_streams_answer_as_each_request_alone(prompts, tmp_path):
