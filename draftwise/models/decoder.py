@@ -39,7 +39,7 @@ from ..layers.attention import AttentionMetadata, for_kernel, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention
 from ..layers.gguf_linear import GGUFLinear
-from ..layers.linear import PackedLinear, can_pack, pack_linears, plan_by_rows
+from ..layers.linear import PackedLinear, can_pack, pack_linears
 from .decoder_stack import run_stack
 from .shard_layout import ShardLayout
 
@@ -176,11 +176,11 @@ class DecoderLM(nn.Module):
         model's dtype or fp32). One kernel attends every batch, so a row's arithmetic never depends
         on the rows batched with it: the paged kernel where the plan names it and it is built, else
         SDPA in the dtype of the plan's largest SDPA bucket (fp32 if none)."""
-        kernels = plan_by_rows(plan)
-        if "paged" in kernels and native.load():
+        sdpa_buckets = [rows for rows, kernel in plan.items() if kernel != "paged"]
+        if len(sdpa_buckets) < len(plan) and native.load():
             self._attention_kernel = "paged"
         else:
-            self._attention_kernel = next((k for k in reversed(kernels) if k != "paged"), "fp32")
+            self._attention_kernel = plan[max(sdpa_buckets)] if sdpa_buckets else "fp32"
 
     @property
     def uses_sliding_window(self) -> bool:
