@@ -1,7 +1,7 @@
-"""GPU benchmark in one run: draftwise with CUDA graphs (the default), draftwise eager and transformers'
-``generate`` on the same GPU and weights, against the bandwidth floor; the step time by verify rows
-with verify steps captured too (what a draft costs), and suffix decoding on a repeated request (its
-best case), with verify steps eager (the default) and captured.
+"""GPU benchmark in one run: draftwise with CUDA graphs and the fused Triton layers (the default), with
+graphs over torch's ops (``DRAFTWISE_TRITON=0``), draftwise eager and transformers' ``generate`` on the
+same GPU and weights, against the bandwidth floor; the step time by verify rows (what a draft costs),
+and suffix decoding on a repeated request (its best case).
 
     python benchmarks/bench_cuda.py [--model DIR] [--max-tokens 128] [--concurrency 16] [--out JSON]
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -110,15 +111,22 @@ def verify_row_ms(model: str, rows: list[int]) -> dict[int, float]:
     return {r: round(s * 1e3, 3) for r, s in seconds.items()}
 
 
-def suffix_repeat(model: str, max_tokens: int, captured_verify: bool) -> dict:
+def suffix_repeat(model: str, max_tokens: int) -> dict:
     """A request asked twice: the second time suffix decoding's tree holds the whole answer."""
     llm = LLM(model=model, dtype="bfloat16", speculative_config={"method": "suffix", "num_speculative_tokens": 8})
-    if captured_verify:
-        capture_verify(llm, 9)
     tokens_per_s(llm, [PROMPT], max_tokens)
     speed = tokens_per_s(llm, [PROMPT], max_tokens, repeats=3)
     stats = llm.get_spec_decode_stats()
     return {"tokens_per_s": speed, "mean_acceptance_length": stats["spec_decode_mean_acceptance_length"]}
+
+
+def without_triton(run, *args, **kwargs):
+    """``run`` with the fused Triton layers off (each layer as torch's ops)."""
+    os.environ["DRAFTWISE_TRITON"] = "0"
+    try:
+        return run(*args, **kwargs)
+    finally:
+        del os.environ["DRAFTWISE_TRITON"]
 
 
 def main() -> None:
@@ -135,24 +143,25 @@ def main() -> None:
     results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "model": model,
                "max_tokens": args.max_tokens}
     results["graphs"] = bench_engine(model, args.max_tokens, args.concurrency, profile=args.profile)
-    print("draftwise, CUDA graphs:", results["graphs"], flush=True)
+    print("draftwise, CUDA graphs, fused Triton layers:", results["graphs"], flush=True)
+    results["graphs_torch_ops"] = without_triton(bench_engine, model, args.max_tokens, args.concurrency)
+    print("draftwise, CUDA graphs, torch ops:", results["graphs_torch_ops"], flush=True)
     results["eager"] = bench_engine(model, args.max_tokens, args.concurrency, enforce_eager=True)
-    print("draftwise, eager:", results["eager"], flush=True)
+    print("draftwise, eager (fused Triton layers):", results["eager"], flush=True)
     results["transformers_single"] = bench_transformers(model, args.max_tokens)
     print("transformers generate, single:", round(results["transformers_single"], 1), flush=True)
     results["copy_gb_s"], results["floor_steps_per_s"] = floor_steps_per_s(LLM(model=model, dtype="bfloat16"))
     print(f"bandwidth floor: {results['floor_steps_per_s']:.0f} steps/s ({results['copy_gb_s']:.0f} GB/s)", flush=True)
     results["verify_step_ms"] = verify_row_ms(model, [1, 2, 4, 8, 16])
     print("step ms by verify rows (graphs):", results["verify_step_ms"], flush=True)
-    results["suffix_repeat"] = suffix_repeat(model, args.max_tokens, captured_verify=False)
-    print("suffix, repeated request (verify eager):", results["suffix_repeat"], flush=True)
-    results["suffix_repeat_captured"] = suffix_repeat(model, args.max_tokens, captured_verify=True)
-    print("suffix, repeated request (verify captured):", results["suffix_repeat_captured"], flush=True)
-    graphs, eager = results["graphs"], results["eager"]
-    print(f"graphs/eager single {graphs['single'] / eager['single']:.2f}x; "
+    results["suffix_repeat"] = suffix_repeat(model, args.max_tokens)
+    print("suffix, repeated request:", results["suffix_repeat"], flush=True)
+    graphs, eager, torch_ops = results["graphs"], results["eager"], results["graphs_torch_ops"]
+    many = f"concurrent_{args.concurrency}"
+    print(f"graphs/eager single {graphs['single'] / eager['single']:.2f}x; fused/torch ops under graphs "
+          f"{graphs['single'] / torch_ops['single']:.2f}x single, {graphs[many] / torch_ops[many]:.2f}x concurrent; "
           f"graphs/transformers {graphs['single'] / results['transformers_single']:.2f}x; "
-          f"suffix repeat/plain {results['suffix_repeat']['tokens_per_s'] / graphs['single']:.2f}x "
-          f"({results['suffix_repeat_captured']['tokens_per_s'] / graphs['single']:.2f}x with verify captured)")
+          f"suffix repeat/plain {results['suffix_repeat']['tokens_per_s'] / graphs['single']:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -3,7 +3,7 @@
 #   here:   scripts/device_check.sh wheels     # downloads the packages that machine lacks into .whl/
 #   there:  scripts/device_check.sh run        # installs them, runs the suite on CUDA, then bench_decode
 #           scripts/device_check.sh diag       # installs them, runs the suite, then profiles decode steps
-#           scripts/device_check.sh graphs     # installs them, the CUDA-graph tests, bench_cuda.py, the suite
+#           scripts/device_check.sh graphs     # installs them, the GPU tests, bench_cuda.py, the suite
 # The machine has its own python3 and torch; draftwise runs from the source tree on PYTHONPATH.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -71,13 +71,13 @@ diag() {
     done
 }
 
-graphs() {
+graphs() {  # one call: the GPU tests, the native kernels' error path, bench_cuda.py, then the whole suite
     setup || exit 1
-    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 120 -rfE tests/test_cuda_graphs.py \
-        tests/test_static_step.py > "$OUT/graph-tests.txt" 2>&1
+    timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 --timeout 140 -rfE tests/test_gpu_kernels.py \
+        tests/test_cuda_graphs.py tests/test_static_step.py > "$OUT/graph-tests.txt" 2>&1
     tail -n 25 "$OUT/graph-tests.txt"
     kernel_error_path
-    timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_cuda.py --out "$OUT/bench-cuda.json" \
+    timeout "${BENCH_TIMEOUT:-190}" python3 benchmarks/bench_cuda.py --out "$OUT/bench-cuda.json" \
         --profile "$OUT/host-profile.txt" 2>&1 | grep -v -i warn | tee "$OUT/bench-cuda.txt"
     suite
 }

@@ -3,7 +3,8 @@ tokens equal those of the same request alone on a fresh engine, whatever ran bef
 after prefix-cache hits, in one batch with other prompts, with chunked prefill at several token
 budgets, preempted and resumed, and with every drafting method that ships for it (ngram, suffix,
 the EAGLE-3 head, a token tree, suffix mixed into EAGLE-3), greedy and seeded-sampled, in the
-model's dtype and in fp32; and through ``draftwise serve`` with 8 concurrent streams. Each engine runs the other chats first (prefix hits), then the edits
+model's dtype and in fp32; and through ``draftwise serve`` with 8 concurrent streams. The claim is the CPU
+path's (``docs/design.md``), so every engine here runs on the CPU, also where a GPU is present. Each engine runs the other chats first (prefix hits), then the edits
 alone, then the edits inside a batch; a failing case names its schedule."""
 from __future__ import annotations
 
@@ -47,10 +48,10 @@ def _tokens(llm: LLM, chats: list, params: SamplingParams) -> list[list[int]]:
 
 def _check(dtype: str, prompts, params: SamplingParams, names: list[str]) -> None:
     edits, chats = prompts
-    fresh = LLM(dtype=dtype)
+    fresh = LLM(dtype=dtype, device="cpu")
     reference = [_tokens(fresh, [edit], params)[0] for edit in edits]  # each edit alone, then "plain" goes on
     for name in names:
-        llm = fresh if name == "plain" else LLM(dtype=dtype, **SCHEDULES[name])
+        llm = fresh if name == "plain" else LLM(dtype=dtype, device="cpu", **SCHEDULES[name])
         _tokens(llm, chats, params)
         after_hits = [_tokens(llm, [edit], params)[0] for edit in edits]
         in_batch = _tokens(llm, chats[:1] + edits + chats[1:], params)[1:1 + len(edits)]
@@ -81,13 +82,13 @@ def test_eight_concurrent_streams_answer_as_each_request_alone(prompts, tmp_path
     edits, chats = prompts
     requests = (edits + chats) * 2
     requests = requests[:8]
-    fresh = LLM()
+    fresh = LLM(device="cpu")
     params = SamplingParams(temperature=0, max_tokens=24)
     expected = [fresh.chat([messages], params, use_tqdm=False)[0].outputs[0].text for messages in requests]
     del fresh
     gc.collect()
     proc, url = start_server("HuggingFaceTB/SmolLM2-135M-Instruct", tmp_path / "serve.log",
-                             ["--dtype", "auto", "-sc", json.dumps({"method": "suffix"})])
+                             ["--dtype", "auto", "--device", "cpu", "-sc", json.dumps({"method": "suffix"})])
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=API_KEY)
 
     async def stream(messages) -> str:

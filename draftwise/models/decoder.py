@@ -41,6 +41,7 @@ from ..layers.forward_context import context_attention
 from ..layers.gguf_linear import GGUFLinear
 from ..layers.linear import PackedLinear, can_pack, pack_linears
 from .decoder_stack import run_stack
+from .fused_layers import fuses, run_fused
 from .shard_layout import ShardLayout
 
 
@@ -168,6 +169,7 @@ class DecoderLM(nn.Module):
             + (embed if self.tied else 0)
         self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
         self.stack = None  # set where the layers run as one C++ DecoderStack (models/decoder_stack.py)
+        self.fused = False  # set where the layers run with the fused Triton kernels (models/fused_layers.py)
         self.kernel_plans: dict[str, dict[int, str]] = {}  # kernel per row bucket, by group (CPU)
         self.set_attention_plan({1: "native"})
 
@@ -195,6 +197,7 @@ class DecoderLM(nn.Module):
                 self.lm_head = PackedLinear(self.embed_tokens.weight.data, None)
         elif self.lm_head is None:
             self.lm_head = _TiedHead(self.embed_tokens)
+        self.fused = fuses(self)
         return self
 
     def attention_metadata(self, meta: AttentionMetadata) -> AttentionMetadata:
@@ -209,6 +212,8 @@ class DecoderLM(nn.Module):
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         x = x.float()
+        if self.fused and not torch.compiler.is_compiling():
+            return run_fused(self, x, positions, aux_layer_ids)
         rope = {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1)) for t, (c, s) in self.rope.items()}
         if self.stack is not None and not torch.compiler.is_compiling():
             x, aux = run_stack(self, x, rope, aux_layer_ids)
