@@ -82,4 +82,13 @@ graphs() {  # one call: the GPU tests, the native kernels' error path, bench_cud
     suite
 }
 
+verify_diag() {  # the verify-step device assert located (launch blocking), the native error path logged
+    setup > "$OUT/setup.txt" 2>&1 || exit 1
+    CUDA_LAUNCH_BLOCKING=1 timeout 150 python3 -m pytest -q -p no:cacheprovider -x --timeout 140 \
+        "tests/test_gpu_kernels.py::test_fused_verify_rows_give_the_plain_tokens" > "$OUT/verify-diag.txt" 2>&1
+    grep -v "vectorized_gather_kernel: block" "$OUT/verify-diag.txt" | grep -B3 -A30 "Traceback" | head -n 120
+    kernel_error_path > "$OUT/kernel-error.txt" 2>&1
+    tail -n 20 "$OUT/kernel-error.txt"
+}
+
 "$@"
