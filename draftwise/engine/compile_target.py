@@ -34,15 +34,17 @@ def compile_target(paged: PagedModel, block_manager: BlockManager, compilation, 
 
 
 def capture_target(paged: PagedModel, pad_block: int, compilation, enforce_eager: bool, max_num_seqs: int,
-                   max_model_len: int, max_query_len: int = 1) -> StaticStep | None:
-    """On a GPU (one rank), unless ``cudagraph_mode`` is NONE or ``enforce_eager``: the target's uniform
-    batches of up to ``max_query_len`` rows per sequence (decode: 1; a chain verify: drafts + 1)
-    captured as CUDA graphs, vLLM's default capture sizes up to ``min(2 * max_num_seqs, 512)`` tokens;
-    padding rows write to ``pad_block``. Trees, prefill and mixed batches run eager."""
+                   max_model_len: int) -> StaticStep | None:
+    """On a GPU (one rank), unless ``cudagraph_mode`` is NONE or ``enforce_eager``: the target's decode
+    batches (one row per sequence) captured as CUDA graphs, vLLM's default capture sizes up to
+    ``min(2 * max_num_seqs, 512)`` tokens; padding rows write to ``pad_block``. Verify batches (several
+    rows per sequence) run eager: ``StaticStep`` computes them (``attach_static_step`` with a larger
+    ``max_query_len``), but on a GPU a verify step on it has left a sequence's ``num_computed_tokens``
+    past its tokens after a rejection (``tests/test_cuda_graphs.py``), so they stay off by default."""
     if paged.device.type != "cuda" or not compilation.captures_cuda_graphs(enforce_eager):
         return None
     sizes = compilation.capture_sizes(min(2 * max_num_seqs, 512))
-    return attach_static_step(paged, pad_block, sizes, max_query_len, max_model_len, capture=True)
+    return attach_static_step(paged, pad_block, sizes, 1, max_model_len, capture=True)
 
 
 def attach_static_step(paged: PagedModel, pad_block: int, capture_sizes: list[int], max_query_len: int,

@@ -135,7 +135,7 @@ class LLMEngine:
                                                   self.needs.aux_layer_ids, self.device)
         if self.executor is None:  # CUDA graphs, on a GPU (paged.static_step)
             capture_target(paged, pool.spare_block, config.compilation, config.enforce_eager, config.max_num_seqs,
-                           self.max_model_len, 1 + (self.speculator.num_spec_tokens if self.speculator else 0))
+                           self.max_model_len)
         self.step_cost, self.decode_cost = self._step_cost_models(paged, max_batched)
         if self.speculator:
             self.speculator.bind(pool)
