@@ -8,7 +8,8 @@ blocks (no sandwich or q/k norms), their activation is SiLU and the head dim a p
 residual add of each block is fused into the next norm, so a layer is: norm, qkv projection, rotary
 + KV write, attention, o projection, add + norm, gate/up projection, SiLU x up, down projection.
 A uniform batch of the static step (``meta.static``, what CUDA graphs capture) attends with the
-Triton paged kernel; any other batch writes and attends through the forward context's torch path.
+Triton paged kernel; any other batch runs the layer's own ``attend`` (torch rotary, the forward
+context's attention).
 It returns what ``DecoderLM.forward`` returns: the final-norm hidden states and the residual stream
 entering each layer of ``aux_layer_ids`` (id ``num_layers``: the last layer's output).
 """
@@ -17,8 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..layers import gpu
-from ..layers.common import apply_rope
-from ..layers.forward_context import context_attention, get_forward_context
+from ..layers.forward_context import get_forward_context
 
 
 def fuses(model) -> bool:
@@ -38,38 +38,36 @@ def run_fused(model, x: torch.Tensor,  # [num_tokens, hidden] fp32 embeddings
     from ..layers.gpu.elementwise import add_rms_norm, silu_mul
 
     aux, delta = {}, None
+    static = get_forward_context().meta.static is not None
+    rows = None if static else {t: (c[positions].unsqueeze(1), s[positions].unsqueeze(1))
+                                for t, (c, s) in model.rope.items()}  # ragged: each table's rows, once
     for i, layer in enumerate(model.layers):
         x, h = add_rms_norm(x, delta, layer.input_norm.weight, layer.input_norm.eps, layer.compute_dtype)
         if i in aux_layer_ids:
             aux[i] = x
-        attn = _attend(model, layer, layer.qkv_proj(h), positions)
-        x, h = add_rms_norm(x, layer.o_proj(attn), layer.pre_mlp_norm.weight, layer.pre_mlp_norm.eps,
-                            layer.compute_dtype)
+        kind = model.layer_types[i]
+        if static:
+            attn = layer.o_proj(_static_attend(layer, layer.qkv_proj(h), *model.rope[kind], positions))
+        else:  # ragged: the layer's own torch rotary and the forward context's attention (it writes K/V)
+            attn = layer.attend(h, *rows[kind], None, None)
+        x, h = add_rms_norm(x, attn, layer.pre_mlp_norm.weight, layer.pre_mlp_norm.eps, layer.compute_dtype)
         delta = layer.down_proj(silu_mul(layer.gate_up_proj(h)))
     x, out = add_rms_norm(x, delta, model.norm.weight, model.norm.eps, torch.float32)
     aux[len(model.layers)] = x
     return out, [aux[i] for i in aux_layer_ids]
 
 
-def _attend(model, layer, qkv: torch.Tensor,  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
-            positions: torch.Tensor) -> torch.Tensor:  # [num_tokens, heads * head_dim]
+def _static_attend(layer, qkv: torch.Tensor,  # [num_tokens, (heads + 2 * kv_heads) * head_dim]
+                   cos: torch.Tensor, signed_sin: torch.Tensor,  # [max_positions, head_dim]
+                   positions: torch.Tensor) -> torch.Tensor:  # [num_tokens, heads * head_dim]
+    """A uniform batch of the static step: rotary + KV write, then the Triton paged attention."""
     from ..layers.gpu.elementwise import rope_and_cache
     from ..layers.gpu.static_attention import static_paged_attention
 
-    cos, signed_sin = model.rope[model.layer_types[layer.layer_index]]
-    heads, kv_heads, head_dim = layer.num_heads, layer.num_kv_heads, layer.head_dim
     context = get_forward_context()
-    meta = context.meta
-    if meta.static is None:  # ragged: the torch rotary and the forward context's attention (it writes K/V)
-        num_tokens = qkv.shape[0]
-        q_size, kv_size, _ = layer.split
-        qk = apply_rope(qkv[:, :q_size + kv_size].view(num_tokens, -1, head_dim),
-                        cos[positions].unsqueeze(1), signed_sin[positions].unsqueeze(1))
-        q, k = qk.split((heads, kv_heads), dim=1)
-        v = qkv[:, q_size + kv_size:].view(num_tokens, kv_heads, head_dim)
-        return context_attention(q, k, v, layer.layer_index, layer.scale, layer.sliding)
-    kv_cache = context.kv_caches[layer.layer_index]
-    q = rope_and_cache(qkv, cos, signed_sin, positions, kv_cache, meta.slot_mapping, heads, kv_heads, head_dim)
+    meta, kv_cache = context.meta, context.kv_caches[layer.layer_index]
+    q = rope_and_cache(qkv, cos, signed_sin, positions, kv_cache, meta.slot_mapping, layer.num_heads,
+                       layer.num_kv_heads, layer.head_dim)
     window = meta.sliding_window if layer.sliding else None
     return static_paged_attention(q, kv_cache, meta.block_table, meta.static.context_lens, meta.block_size,
                                   layer.scale, window)

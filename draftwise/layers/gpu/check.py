@@ -1,23 +1,17 @@
 """The start-up self-check of the Triton kernels: each runs once on small random inputs of the model's
-dtype on the device and is compared with its torch reference (``references`` below, also used by the
-tests). Returns an error message, or "" when every kernel builds and matches."""
+dtype on the device and is compared with its torch reference (the torch layers' own ops, in fp32).
+Returns an error message, or "" when every kernel builds and matches."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from ..common import apply_rope
 from ..static_attention import static_attend
 from .elementwise import add_rms_norm, rope_and_cache, silu_mul
 from .static_attention import static_paged_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 4, 2, 64, 16
-
-
-def reference_rope(x: torch.Tensor,  # [num_tokens, heads, head_dim]
-                   cos: torch.Tensor, signed_sin: torch.Tensor,  # [num_tokens, 1, head_dim]
-                   ) -> torch.Tensor:
-    swapped = x.float().unflatten(-1, (2, -1)).flip(-2).flatten(-2)
-    return x.float() * cos.float() + swapped * signed_sin.float()
 
 
 def check_kernels(device: torch.device, dtype: torch.dtype) -> str:
@@ -42,7 +36,7 @@ def check_kernels(device: torch.device, dtype: torch.dtype) -> str:
 
 
 def _check_attention(device, dtype, rand, differs) -> list[str]:
-    num_seqs, query_len, num_blocks = 2, 3, 4
+    num_seqs, query_len = 2, 3
     num_tokens = num_seqs * query_len
     qkv = rand(num_tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM)
     cos, sin = rand(64, HEAD_DIM), rand(64, HEAD_DIM)
@@ -55,7 +49,7 @@ def _check_attention(device, dtype, rand, differs) -> list[str]:
     expected_cache = cache.clone()
     q = rope_and_cache(qkv, cos, sin, positions, cache, slots, HEADS, KV_HEADS, HEAD_DIM)
     heads = qkv.view(num_tokens, -1, HEAD_DIM)
-    rotated = reference_rope(heads[:, :HEADS + KV_HEADS], cos[positions, None], sin[positions, None])
+    rotated = apply_rope(heads[:, :HEADS + KV_HEADS].float(), cos[positions, None].float(), sin[positions, None].float())
     expected_cache[0, slots] = rotated[:, HEADS:].to(dtype)
     expected_cache[1, slots] = heads[:, HEADS + KV_HEADS:]
     problems = [differs("rope_and_cache q", q, rotated[:, :HEADS]), differs("rope_and_cache cache", cache,
@@ -64,5 +58,4 @@ def _check_attention(device, dtype, rand, differs) -> list[str]:
         got = static_paged_attention(q, cache, table, context_lens, BLOCK_SIZE, 0.125, window)
         want = static_attend(q.float(), cache.float(), table, context_lens, BLOCK_SIZE, 0.125, window, None)
         problems.append(differs(f"static_paged_attention (window {window})", got, want))
-    del num_blocks
     return problems
