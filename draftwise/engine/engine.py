@@ -65,6 +65,7 @@ from .compile_target import capture_target, compile_target
 from .drafting.speculator import Speculator
 from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .fault_isolation import find_failing
+from .gc_pause import paused_gc
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor, error_output
 from .model_limits import eos_token_ids, resolve_max_model_len
@@ -85,6 +86,7 @@ class _Request:
 
 
 class LLMEngine:
+    @paused_gc()  # start-up makes long-lived objects by the hundred thousand (gc_pause.py)
     def __init__(self, config: EngineConfig):
         self.config = config
         extra = config.additional_config or {}

@@ -25,7 +25,7 @@ _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
 _MAX_DECODED_ARRAY = 1024  # longer arrays stay undecoded until asked for
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+STRING_TYPE, _ARRAY = 8, 9  # metadata value types: a string, an array
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def _read_string(buf, pos: int) -> tuple[str, int]:
 
 
 def _read_value(buf, pos: int, value_type: int) -> tuple[Any, int]:
-    if value_type == _STRING:
+    if value_type == STRING_TYPE:
         return _read_string(buf, pos)
     if value_type == _ARRAY:
         item_type, count = struct.unpack_from("<IQ", buf, pos)
@@ -136,6 +136,8 @@ def _read_items(buf, pos: int, item_type: int, count: int) -> tuple[list, int]:
         fmt = _SCALARS[item_type]
         size = struct.calcsize(fmt)
         return list(struct.unpack_from(f"<{count}{fmt[1]}", buf, pos)), pos + size * count
+    if item_type == STRING_TYPE:
+        return _read_strings(buf, pos, count)
     items = []
     for _ in range(count):
         item, pos = _read_value(buf, pos, item_type)
@@ -143,10 +145,20 @@ def _read_items(buf, pos: int, item_type: int, count: int) -> tuple[list, int]:
     return items, pos
 
 
+def _read_strings(buf, pos: int, count: int) -> tuple[list[str], int]:
+    unpack, strings = struct.Struct("<Q").unpack_from, []
+    for _ in range(count):
+        (length,) = unpack(buf, pos)
+        pos += 8
+        strings.append(buf[pos:pos + length].decode("utf-8", errors="replace"))
+        pos += length
+    return strings, pos
+
+
 def _skip_items(buf, pos: int, item_type: int, count: int) -> int:
     if item_type in _SCALARS:
         return pos + struct.calcsize(_SCALARS[item_type]) * count
-    if item_type != _STRING:  # arrays of arrays: walk them
+    if item_type != STRING_TYPE:  # arrays of arrays: walk them
         return _read_items(buf, pos, item_type, count)[1]
     unpack = struct.Struct("<Q").unpack_from
     for _ in range(count):

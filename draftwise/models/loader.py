@@ -122,10 +122,13 @@ def load_transformers_model(path: Path, dtype: torch.dtype):
 
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    from .gguf_config import gguf_config
+    from .gguf_header import read_header
+
     source = gguf_source(path)
     if source is None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    config = _gguf_config(source)
+    config = gguf_config(read_header(source))
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     # transformers' GGUF reader (de-quantizes, undoes llama.cpp's q/k permutation); its own
     # from_pretrained(gguf_file=...) would need accelerate for the same tensors
@@ -206,12 +209,12 @@ def convert_gguf(gguf: Path) -> Path:
     out = cache_dir_for(gguf)
     if (out / _DONE_MARK).is_file():
         return out
-    read_header(gguf)  # a file that is not a whole GGUF is refused here, naming what is wrong
+    header = read_header(gguf)  # a file that is not a whole GGUF is refused here, naming what is wrong
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-        _write_hf_dir(gguf.resolve(), tmp)
+        _write_hf_dir(header, tmp)
         (tmp / _DONE_MARK).write_text(json.dumps({"source": str(gguf.resolve())}) + "\n")
         try:
             os.rename(tmp, out)
@@ -224,20 +227,14 @@ def convert_gguf(gguf: Path) -> Path:
     return out
 
 
-def _write_hf_dir(gguf: Path, out: Path) -> None:
-    """Write the config, generation config and tokenizer files of ``gguf`` into ``out``."""
-    config = _gguf_config(gguf)
+def _write_hf_dir(header, out: Path) -> None:
+    """Write the config, generation config and tokenizer files of the GGUF ``header`` describes into ``out``."""
+    from .gguf_config import gguf_config
+
+    config = gguf_config(header)
     config.save_pretrained(out)
     _write_generation_config(config, out)
-    _write_tokenizer(gguf, config, out)
-
-
-def _gguf_config(gguf: Path):
-    """transformers' config of ``gguf``, read from its header (``gguf_config.py``)."""
-    from .gguf_config import gguf_config
-    from .gguf_header import read_header
-
-    return gguf_config(read_header(gguf))
+    _write_tokenizer(header, config, out)
 
 
 def _write_generation_config(config, out: Path) -> None:
@@ -246,16 +243,18 @@ def _write_generation_config(config, out: Path) -> None:
     GenerationConfig.from_model_config(config).save_pretrained(out)
 
 
-def _write_tokenizer(gguf: Path, config, out: Path) -> None:
-    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json, by
-    transformers' GGUF tokenizer converter, in the class AutoTokenizer picks for the model type
-    (called directly: AutoTokenizer re-reads the config through the slow GGUFReader)."""
+def _write_tokenizer(header, config, out: Path) -> None:
+    """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json of the
+    GGUF ``header`` describes, in the class AutoTokenizer picks for the model type
+    (``gguf_tokenizer.py``)."""
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+    from .gguf_tokenizer import gguf_tokenizer
+
     name = TOKENIZER_MAPPING_NAMES.get(config.model_type)
     tokenizer_class = tokenizer_class_from_name(name) if name else TokenizersBackend
-    tokenizer = tokenizer_class.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(header, tokenizer_class)
     tokenizer.save_pretrained(out, save_jinja_files=False)
     special = {
         name: getattr(tokenizer, name)
