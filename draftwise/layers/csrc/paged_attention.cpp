@@ -30,8 +30,9 @@
 //
 // Work: a sequence with at most kShortQuery query rows is split by (kv head, chunk), flash-decoding
 // style, so one long context still keeps every core busy, and the item that finishes a (sequence,
-// kv head) last merges its chunks; a longer one (prefill) by (kv head, kRowBlock query rows), each
-// item walking its chunks. Both orders of work compute the arithmetic above, bit for bit
+// kv head) last merges its chunks; the items of one chunk are computed together for all the kv
+// heads (a unit), whose rows lie side by side in each slot, so the cache streams in whole rows; a
+// longer query (prefill) is split by (kv head, kRowBlock query rows), each item walking its chunks. Both orders of work compute the arithmetic above, bit for bit
 // (tests/test_row_invariance.py). The vector code uses GCC's __builtin_shuffle: another compiler
 // fails the build, and native.py then keeps torch's SDPA.
 #include "paged_attention.h"
@@ -50,139 +51,49 @@
 #include <memory>
 #include <vector>
 
-#include "attention_lanes.h"
+#include "attention_tiles.h"
 
 namespace {
 
 using namespace draftwise_attention;
 
-constexpr int64_t kChunkKeys = 128;  // keys per chunk (PAGED_CHUNK_KEYS in attention.py)
 constexpr int64_t kShortQuery = 16;  // sequences with at most this many query rows split by chunk
 constexpr int64_t kRowBlock = 64;    // query rows per item of a longer query
-constexpr int64_t kPrefetchKeys = 32;  // keys ahead whose rows load_tiles asks the cache for
 
-struct Problem {
-  int64_t num_heads, num_kv_heads, group, head_dim, padded_dim, block_size, table_width, num_slots;
-  int64_t sliding_window;
-  float scale;
-  const int64_t* table;   // [num_seqs, table_width]
-  const int64_t* starts;  // [num_seqs + 1]
-  const int64_t* lens;    // [num_seqs]
-  const int64_t* tree;    // [num_tokens, 2] (tree_start, bits) per row; nullptr: every row causal
-};
-
-// Query rows [first, first + count) of one (sequence, kv head); its rows are query x head in group.
-struct Span {
-  int64_t seq, kv_head, first, count;
-};
-
-// The keys query row `token`, at position `pos`, sees (attention_lanes.h).
-RowKeys row_keys(const Problem& p, int64_t token, int64_t pos) {
-  const int64_t tree_start = p.tree != nullptr ? p.tree[2 * token] : pos + 1;
-  RowKeys keys{0, pos + 1, tree_start <= pos, tree_start, 0};
-  if (keys.tree) keys.bits = static_cast<uint64_t>(p.tree[2 * token + 1]);
-  if (p.sliding_window > 0) {
-    const int64_t logical = keys.tree ? tree_start + std::popcount(keys.bits) - 1 : pos;
-    const int64_t window_lo = logical - p.sliding_window + 1;  // the tree region keeps its bits
-    keys.lo = std::max<int64_t>(0, keys.tree ? std::min(window_lo, tree_start) : window_lo);
-  }
-  return keys;
+// Past the last key of the chunk at `first` that any row of `s.rows` sees (prepare_rows done).
+int64_t chunk_end(const Scratch& s, int64_t first) {
+  int64_t end = first;
+  for (const RowKeys& keys : s.rows) end = std::max(end, std::min(keys.hi, first + kChunkKeys));
+  return end;
 }
 
-inline void to_float(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-
-inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
-    std::memcpy(dst + i, &word, sizeof(float));
+// The chunk [first, end) for every row of `span` (prepare_rows done) from its kv head's tiles
+// (load_tiles of end - first keys): each row's (max, sum, acc) into `out`.
+template <int kVecs>
+void attend_tiles(const Problem& p, int64_t first, int64_t end, const float* keys, const float* values, Scratch& s,
+                  const Partial& out) {
+  const int64_t num_rows = static_cast<int64_t>(s.rows.size());
+  const int64_t num_groups = (end - first + kLanes - 1) / kLanes;
+  if (num_groups == 0 || end <= first) {
+    std::fill(out.sum, out.sum + num_rows, 0.f);
+    return;
   }
-}
-
-// What one item works in: its rows' scaled queries, one chunk's keys and values, scores / weights.
-struct Scratch {
-  std::vector<float> query, keys, values, weights, packed, row;
-  std::vector<RowKeys> rows;
-  std::vector<int64_t> rows_at;  // per key of the chunk: its row's offset in the cache
-  std::vector<int64_t> seen;  // per row: keys of the chunk it may see (its weights are zero past them)
-};
-
-// A chunk's result for each row of a span: (max, sum, acc [padded_dim]); sum 0 = no key seen.
-struct Partial {
-  float* max;
-  float* sum;
-  float* acc;
-};
-
-template <typename T>
-struct Inputs {
-  const T* q;
-  const T* k_cache;
-  const T* v_cache;
-};
-
-// Scaled fp32 queries of the span's rows (as group_scores reads them) and each row's keys into `s`.
-template <typename T>
-void prepare_rows(const Problem& p, const Inputs<T>& in, const Span& span, Scratch& s) {
-  const int64_t D = p.head_dim, P = p.padded_dim, q0 = p.starts[span.seq];
-  const int64_t num_q = p.starts[span.seq + 1] - q0, ctx = p.lens[span.seq];
-  s.query.resize(span.count * p.group * 2 * P);
-  s.row.resize(D);
-  s.rows.clear();
-  for (int64_t i = span.first; i < span.first + span.count; ++i) {
-    for (int64_t g = 0; g < p.group; ++g) {
-      to_float(in.q + ((q0 + i) * p.num_heads + span.kv_head * p.group + g) * D, s.row.data(), D);
-      for (int64_t d = 0; d < D; ++d) s.row[d] *= p.scale;
-      pair_query(s.row.data(), D, P, s.query.data() + ((i - span.first) * p.group + g) * 2 * P);
-      s.rows.push_back(row_keys(p, q0 + i, ctx - num_q + i));
-    }
+  s.weights.resize(num_rows * num_groups * kLanes);
+  s.packed.resize(kChunkKeys);
+  s.seen.resize(num_rows);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* w = s.weights.data() + r * num_groups * kLanes;
+    const RowKeys& row = s.rows[r];
+    const int64_t row_groups = row.hi <= first ? 0 : std::min(num_groups, (row.hi - first + kLanes - 1) / kLanes);
+    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
+    for (int64_t g = 0; g < row_groups; ++g)
+      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * 2 * p.padded_dim, p.padded_dim,
+                                                keys + g * kLanes * p.padded_dim));
+    std::tie(out.max[r], out.sum[r]) = row_weights(w, num_groups, first, row, s.packed.data());
+    s.seen[r] = row_groups * kLanes;
   }
-}
-
-// Key and value rows at `at` on their way to the cache (rows of a context are scattered over blocks,
-// which the hardware prefetcher does not follow).
-template <typename T>
-inline void prefetch_row(const Inputs<T>& in, int64_t at, int64_t D) {
-  for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(in.k_cache + at) + byte);
-    __builtin_prefetch(reinterpret_cast<const char*>(in.v_cache + at) + byte);
-  }
-}
-
-// Keys and values [first, first + n) of the span's kv head into fp32 tiles of n rounded up to kLanes
-// keys: keys as group_scores reads them (pair_key), values [key][padded_dim]; zero past n and past
-// head_dim (so a zero weight times them adds exactly nothing).
-template <typename T>
-void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, int64_t n, Scratch& s) {
-  const int64_t D = p.head_dim, P = p.padded_dim, num_keys = (n + kLanes - 1) / kLanes * kLanes;
-  const int64_t stride = p.num_kv_heads * D;  // between a block's consecutive slots
-  s.keys.resize(num_keys * P);
-  s.values.resize(num_keys * P);
-  s.row.assign(P, 0.f);
-  s.rows_at.resize(n);
-  for (int64_t t = 0; t < n;) {  // each key's row offset, a block at a time
-    const int64_t j = first + t, in_block = std::min(p.block_size - j % p.block_size, n - t);
-    const int64_t base = ((p.table[span.seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size) *
-                          p.num_kv_heads + span.kv_head) * D;
-    for (int64_t i = 0; i < in_block; ++i) s.rows_at[t + i] = base + i * stride;
-    t += in_block;
-  }
-  for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_row(in, s.rows_at[t], D);
-  for (int64_t t = 0; t < num_keys; ++t) {
-    float* value = s.values.data() + t * P;
-    if (t < n) {
-      if (t + kPrefetchKeys < n) prefetch_row(in, s.rows_at[t + kPrefetchKeys], D);
-      to_float(in.k_cache + s.rows_at[t], s.row.data(), D);
-      to_float(in.v_cache + s.rows_at[t], value, D);
-      std::fill(value + D, value + P, 0.f);
-    } else {
-      std::fill(s.row.begin(), s.row.end(), 0.f);
-      std::fill(value, value + P, 0.f);
-    }
-    float* key = pair_key(s.keys.data(), t, P);
-    for (int64_t b = 0; b < P / kDotLanes; ++b)
-      std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
-  }
+  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), values, p.padded_dim,
+                         out.acc);
 }
 
 // One chunk [first, first + kChunkKeys) for every row of `span` (prepare_rows done): each row's
@@ -190,30 +101,9 @@ void load_tiles(const Problem& p, const Inputs<T>& in, const Span& span, int64_t
 template <typename T, int kVecs>
 void attend_chunk(const Problem& p, const Inputs<T>& in, const Span& span, int64_t first, Scratch& s,
                   const Partial& out) {
-  const int64_t P = p.padded_dim, num_rows = static_cast<int64_t>(s.rows.size());
-  int64_t end = first;  // past the last key any row sees
-  for (const RowKeys& keys : s.rows) end = std::max(end, std::min(keys.hi, first + kChunkKeys));
-  const int64_t num_groups = (end - first + kLanes - 1) / kLanes;
-  if (num_groups == 0 || end <= first) {
-    std::fill(out.sum, out.sum + num_rows, 0.f);
-    return;
-  }
-  load_tiles(p, in, span, first, end - first, s);
-  s.weights.resize(num_rows * num_groups * kLanes);
-  s.packed.resize(kChunkKeys);
-  s.seen.resize(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    float* w = s.weights.data() + r * num_groups * kLanes;
-    const RowKeys& keys = s.rows[r];
-    const int64_t row_groups = keys.hi <= first ? 0 : std::min(num_groups, (keys.hi - first + kLanes - 1) / kLanes);
-    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
-    for (int64_t g = 0; g < row_groups; ++g)
-      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * 2 * P, P, s.keys.data() + g * kLanes * P));
-    std::tie(out.max[r], out.sum[r]) = row_weights(w, num_groups, first, keys, s.packed.data());
-    s.seen[r] = row_groups * kLanes;
-  }
-  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), s.values.data(), P,
-                         out.acc);
+  const int64_t end = chunk_end(s, first);
+  if (end > first) load_tiles(p, in, span.seq, span.kv_head, 1, first, end - first, s);
+  attend_tiles<kVecs>(p, first, end, s.keys.data(), s.values.data(), s, out);
 }
 
 // Runs `work(i)` for i in [0, n) on torch's threads, each taking the next item when it is free.
@@ -266,8 +156,36 @@ void attend_rows(const Problem& p, const Inputs<T>& in, const Span& span, T* out
   write_rows(p, span, sum, acc, out);
 }
 
-// Short queries: one item per (sequence, kv head, chunk); the item that finishes a (sequence, kv
-// head) last merges its chunks, in chunk order.
+// Work of short queries: one chunk of keys of consecutive kv heads of one sequence (spans
+// [span, span + num_spans), their chunk-th chunk), loaded together: a slot's rows of those heads
+// lie side by side, so they stream as one run per key.
+struct Unit {
+  int64_t span, num_spans, chunk;
+};
+
+// The units of `spans` (per sequence, its kv heads in order; span_items: each span's first item),
+// chunk by chunk: every kv head of a sequence in one unit, so a key's rows are one contiguous run
+// of the cache (the run the hardware prefetcher follows), fewer heads where the units would not
+// give every thread two.
+std::vector<Unit> chunk_units(const Problem& p, const std::vector<Span>& spans, const std::vector<int64_t>& span_items) {
+  const int64_t num_spans = static_cast<int64_t>(spans.size());
+  std::vector<Unit> units;
+  int64_t heads = p.num_kv_heads;
+  for (;; heads = (heads + 1) / 2) {
+    units.clear();
+    for (int64_t i = 0; i < num_spans;) {
+      int64_t j = i;
+      while (j < num_spans && spans[j].seq == spans[i].seq) ++j;
+      for (int64_t k = 0; k < span_items[i + 1] - span_items[i]; ++k)
+        for (int64_t g = i; g < j; g += heads) units.push_back({g, std::min(heads, j - g), k});
+      i = j;
+    }
+    if (heads == 1 || static_cast<int64_t>(units.size()) >= 2 * at::get_num_threads()) return units;
+  }
+}
+
+// Short queries: one item per (sequence, kv head, chunk), computed by units of several kv heads;
+// the item that finishes a (sequence, kv head) last merges its chunks, in chunk order.
 template <typename T, int kVecs>
 void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span>& spans, T* out) {
   struct Item { int64_t span, first, offset; };  // offset: first row of its partial results
@@ -299,13 +217,22 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
       }
     write_rows(p, spans[i], row_sum, row_acc, out);
   };
-  dynamic_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
+  const std::vector<Unit> units = chunk_units(p, spans, span_items);
+  dynamic_for(static_cast<int64_t>(units.size()), [&](int64_t u) {
     thread_local Scratch s;
-    const Item& it = items[i];
-    prepare_rows(p, in, spans[it.span], s);
-    attend_chunk<T, kVecs>(p, in, spans[it.span], it.first, s,
-                           {max.data() + it.offset, sum.data() + it.offset, acc.data() + it.offset * P});
-    if (pending[it.span].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(it.span);
+    const Unit& unit = units[u];
+    const int64_t first = items[span_items[unit.span] + unit.chunk].first;
+    prepare_rows(p, in, spans[unit.span], s);  // the unit's spans share their rows' keys (one sequence)
+    const int64_t end = chunk_end(s, first), tile = tile_floats(p, end - first);
+    if (end > first) load_tiles(p, in, spans[unit.span].seq, spans[unit.span].kv_head, unit.num_spans, first,
+                                end - first, s);
+    for (int64_t h = 0; h < unit.num_spans; ++h) {
+      const int64_t i = unit.span + h, offset = items[span_items[i] + unit.chunk].offset;
+      if (h > 0) prepare_rows(p, in, spans[i], s);
+      attend_tiles<kVecs>(p, first, end, s.keys.data() + h * tile, s.values.data() + h * tile, s,
+                          {max.data() + offset, sum.data() + offset, acc.data() + offset * P});
+      if (pending[i].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(i);
+    }
   });
 }
 
