@@ -8,9 +8,11 @@ written once into the cache), read through once so both engines find it in the p
 each file, one after the other in fresh processes (``scale_runner.py``): draftwise's default path,
 then llama.cpp through llama-cpp-python (start-up and peak memory, and speeds when no
 ``llama-bench`` is given); with ``--llama-bench``, llama.cpp's speeds come from its own C++ tool
-(prefill of ``--prefill`` tokens, ``--decode`` tokens generated at depth 0 and ``--depth``). Both
-engines get 2 threads and a KV cache of ``--n-ctx`` tokens. Prints one table with the ratios
-draftwise / llama.cpp and writes the figures as JSON.
+(prefill of ``--prefill`` tokens, ``--decode`` tokens generated at depth 0 and ``--depth``). The
+``--long-files`` are also timed at long context (a ``--long-prefill``-token prompt, decode at
+``--long-depth``), both engines then holding ``--long-n-ctx`` tokens. Both engines get 2 threads
+and a KV cache of ``--n-ctx`` tokens. Prints one table with the ratios draftwise / llama.cpp and
+writes the figures as JSON.
 """
 from __future__ import annotations
 
@@ -27,7 +29,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "scale_runner.py"
 DEFAULT_FILES = "llama-3.2-1b:Q4_0,llama-3.2-1b:Q4_K_M,llama-3.2-3b:Q4_0,llama-3.1-8b:Q4_K_M"
-METRICS = ("startup_s", "peak_rss_mb", "prefill_tps", "decode_tps", "decode_deep_tps")
+METRICS = ("startup_s", "peak_rss_mb", "prefill_tps", "decode_tps", "decode_deep_tps", "prefill_long_tps",
+           "decode_long_tps")
+LONG_FILES = "llama-3.2-1b:Q4_0,llama-3.2-1b:Q4_K_M"  # long-context figures cost minutes a file at 3B-8B
 
 
 def shaped_gguf(spec: str) -> Path:
@@ -41,25 +45,36 @@ def shaped_gguf(spec: str) -> Path:
     return module.shaped_gguf(shape, ftype)
 
 
-def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True) -> dict:
+def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True, long: bool = False) -> dict:
     """One engine's run in a fresh process; draftwise's on an empty model cache (a first load: the
-    config and tokenizer are made from the file, the kernel plans measured)."""
+    config and tokenizer are made from the file, the kernel plans measured). With ``long``, the
+    long prompt and the decode at the long depth too, in a cache of ``--long-n-ctx`` tokens."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out, tempfile.TemporaryDirectory() as cache:
         cmd = [python, str(RUNNER), engine, str(gguf), out.name, "--threads", str(args.threads),
                "--prefill", str(args.prefill), "--decode", str(args.decode), "--depth", str(args.depth),
-               "--n-ctx", str(args.n_ctx)] + ([] if speed else ["--no-speed"])
+               "--n-ctx", str(args.long_n_ctx if long else args.n_ctx)]
+        cmd += ["--long-prefill", str(args.long_prefill), "--long-depth", str(args.long_depth)] if long else []
+        cmd += [] if speed else ["--no-speed"]
         subprocess.run(cmd, check=True, env={**os.environ, "DRAFTWISE_CACHE": cache})
         return json.loads(Path(out.name).read_text())
 
 
-def llama_bench(binary: str, gguf: Path, args) -> dict:
-    """llama.cpp's own speeds: prefill tokens/s, decode tokens/s at depth 0 and at ``--depth``."""
-    cmd = [binary, "-m", str(gguf), "-t", str(args.threads), "-p", str(args.prefill), "-n", str(args.decode),
-           "-d", f"0,{args.depth}", "-r", "1", "-o", "json"]
-    runs = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+def llama_bench(binary: str, gguf: Path, args, long: bool = False) -> dict:
+    """llama.cpp's own speeds: prefill tokens/s, decode tokens/s at depth 0 and at ``--depth`` (and with
+    ``long``, prefill of ``--long-prefill`` tokens and decode at ``--long-depth``). Prompts and
+    decodes are separate runs: llama-bench times every prompt at every depth otherwise."""
+    base = [binary, "-m", str(gguf), "-t", str(args.threads), "-r", "1", "-o", "json"]
+    prompts = [args.prefill] + ([args.long_prefill] if long and args.long_prefill else [])
+    depths = [0, args.depth] + ([args.long_depth] if long and args.long_depth else [])
+    runs = []
+    for extra in (["-p", ",".join(map(str, prompts)), "-n", "0"],
+                  ["-p", "0", "-n", str(args.decode), "-d", ",".join(map(str, depths))]):
+        runs += json.loads(subprocess.run(base + extra, check=True, capture_output=True, text=True).stdout)
     speed = {(r["n_prompt"], r["n_gen"], r["n_depth"]): r["avg_ts"] for r in runs}
     return {"prefill_tps": speed[(args.prefill, 0, 0)], "decode_tps": speed[(0, args.decode, 0)],
-            "decode_deep_tps": speed.get((0, args.decode, args.depth))}
+            "decode_deep_tps": speed.get((0, args.decode, args.depth)),
+            "prefill_long_tps": speed.get((args.long_prefill, 0, 0)) if long else None,
+            "decode_long_tps": speed.get((0, args.decode, args.long_depth)) if long else None}
 
 
 def read_through(gguf: Path) -> None:
@@ -73,10 +88,11 @@ def read_through(gguf: Path) -> None:
 def measure_file(spec: str, args) -> dict:
     gguf = shaped_gguf(spec)
     read_through(gguf)
-    ours = run_engine(sys.executable, "draftwise", gguf, args)
-    theirs = run_engine(args.llamacpp_python, "llamacpp", gguf, args, speed=not args.llama_bench)
+    long = spec in args.long_files.split(",")
+    ours = run_engine(sys.executable, "draftwise", gguf, args, long=long)
+    theirs = run_engine(args.llamacpp_python, "llamacpp", gguf, args, speed=not args.llama_bench, long=long)
     if args.llama_bench:
-        theirs.update(llama_bench(args.llama_bench, gguf, args), speeds_from="llama-bench")
+        theirs.update(llama_bench(args.llama_bench, gguf, args, long), speeds_from="llama-bench")
     row = {"file": spec, "size_mb": round(gguf.stat().st_size / 2**20), "draftwise": ours, "llamacpp": theirs}
     row["ratios"] = {m: ours[m] / theirs[m] for m in METRICS if ours.get(m) and theirs.get(m)}
     print_row(row)
@@ -99,6 +115,10 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--depth", type=int, default=2048)
     parser.add_argument("--n-ctx", type=int, default=4096)
+    parser.add_argument("--long-files", default=LONG_FILES, help="files also timed at long context")
+    parser.add_argument("--long-prefill", type=int, default=4096)
+    parser.add_argument("--long-depth", type=int, default=8000, help="below the shapes' 8192 positions")
+    parser.add_argument("--long-n-ctx", type=int, default=8192)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
@@ -107,7 +127,8 @@ def main() -> None:
     rows = [measure_file(spec, args) for spec in args.files.split(",")]
     today = datetime.date.today().isoformat()
     result = {"date": today, "cpu": cpu_signature(), "threads": args.threads, "command": " ".join(sys.argv),
-              "settings": {k: getattr(args, k) for k in ("prefill", "decode", "depth", "n_ctx")},
+              "settings": {k: getattr(args, k) for k in ("prefill", "decode", "depth", "n_ctx", "long_files",
+                                                         "long_prefill", "long_depth", "long_n_ctx")},
               "files": rows}
     out = Path(args.out or HERE / "results" / f"scale-{today}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -7,7 +7,8 @@
 tokens (draftwise: one sequence of ``max_model_len`` tokens). Timed from the top of the process
 (imports included) to the model ready: ``startup_s``; then, on random token ids, greedy with EOS ignored:
 ``prefill_tps`` (a ``--prefill``-token prompt), ``decode_tps`` (``--decode`` tokens after a
-16-token prompt) and ``decode_deep_tps`` (the same after ``--depth`` tokens of context).
+16-token prompt) and ``decode_deep_tps`` (the same after ``--depth`` tokens of context); with
+``--long-prefill`` / ``--long-depth``, ``prefill_long_tps`` and ``decode_long_tps`` likewise.
 ``peak_rss_mb`` is the process's maximum resident set at the end. The llama.cpp side runs
 llama-cpp-python (its Python loop adds ~1 ms a token: ``bench_scale.py`` takes llama.cpp's
 speeds from its C++ ``llama-bench`` when given one, and only start-up and memory from here, after
@@ -73,6 +74,8 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=1024)
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--depth", type=int, default=2048)
+    parser.add_argument("--long-prefill", type=int, default=0, help="a second, longer prompt to time (0: none)")
+    parser.add_argument("--long-depth", type=int, default=0, help="decode after this much context too (0: none)")
     parser.add_argument("--no-speed", action="store_true", help="start-up and memory only")
     args = parser.parse_args()
     random.seed(0)
@@ -86,8 +89,12 @@ def main() -> None:
     prefill_s, _ = run(args.prefill, 1)
     _, decode_s = run(16, args.decode + 1)
     _, deep_s = run(args.depth, args.decode + 1) if args.depth else (0.0, 0.0)
+    long_prefill_s, _ = run(args.long_prefill, 1) if args.long_prefill else (0.0, 0.0)
+    _, long_s = run(args.long_depth, args.decode + 1) if args.long_depth else (0.0, 0.0)
     result.update(prefill_tps=args.prefill / prefill_s, decode_tps=args.decode / decode_s,
                   decode_deep_tps=args.decode / deep_s if deep_s else None,
+                  prefill_long_tps=args.long_prefill / long_prefill_s if long_prefill_s else None,
+                  decode_long_tps=args.decode / long_s if long_s else None,
                   peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -75,12 +75,15 @@ def _all_linears(gguf: GGUFFile, num_layers: int) -> tuple[list[dict[str, nn.Mod
 
 
 class BlockLoader:
-    """Every layer's and the head's ``GGUFLinear``, made from ``gguf`` in a background thread."""
+    """Every layer's and the head's ``GGUFLinear``, made from ``gguf`` in a background thread.
+
+    The thread is not a daemon: a process that exits while it repacks (the engine failed to start)
+    waits for it, since tearing the interpreter down under a running C++ kernel aborts the process."""
 
     def __init__(self, gguf: GGUFFile, num_layers: int):
         self.gguf, self.num_layers = gguf, num_layers
         self._result, self._error = None, None
-        self._thread = threading.Thread(target=self._run, name="draftwise-gguf-blocks", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="draftwise-gguf-blocks")
         self._thread.start()
 
     def _run(self) -> None:
