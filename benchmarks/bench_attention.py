@@ -2,7 +2,9 @@
 
 The kernel (``draftwise_cpu::paged_attention``) serves every causal CPU row with one arithmetic per
 row; this measures what that costs against the flash SDPA it replaced for prompts: one sequence's
-prompt of 1K, 2K and 4K tokens (causal), a decode row and verify rows (4, 8) at 300 and 2K keys.
+prompt of 1K, 2K and 4K tokens (causal), a decode row and verify rows (4, 8) at 300 and 2K keys,
+and a decode row through 16 layers' caches at 2K and 8K keys ("stream": read from memory, as a
+step reads them; the other cases reuse one layer's cache, which stays in the CPU's caches).
 Shapes of SmolLM2-135M (9 heads, 3 KV heads, dim 64) and Llama-3.2-1B (32, 8, 64), the KV cache
 in bf16 and fp32; SDPA reads the context as one contiguous tensor (no block gather: its best
 case). Each case alternates the two, best of ``--repeats``; prints ms and SDPA / kernel (above 1:
@@ -29,7 +31,9 @@ from draftwise.layers.cpu_info import cpu_signature
 SHAPES = {"SmolLM2-135M": (9, 3, 64), "Llama-3.2-1B": (32, 8, 64)}
 BLOCK_SIZE = 16
 CASES = [("prefill", 1024, 1024), ("prefill", 2048, 2048), ("prefill", 4096, 4096),
-         ("decode", 300, 1), ("decode", 2048, 1), ("verify", 2048, 4), ("verify", 2048, 8)]
+         ("decode", 300, 1), ("decode", 2048, 1), ("verify", 2048, 4), ("verify", 2048, 8),
+         ("stream", 2048, 1), ("stream", 8192, 1)]
+STREAM_LAYERS = 16  # a "stream" case: one decode row through this many layers' caches, as a step reads them
 
 
 def _inputs(shape, context: int, rows: int, dtype: torch.dtype):
@@ -39,6 +43,21 @@ def _inputs(shape, context: int, rows: int, dtype: torch.dtype):
     cache = torch.randn(2, slots, kv_heads, dim, generator=gen).to(dtype)  # [2, slots, kv_heads, dim]
     q = torch.randn(rows, heads, dim, generator=gen).to(dtype)  # [rows, heads, dim]
     return cache, q
+
+
+def _stream_runners(shape, context: int, dtype: torch.dtype):
+    """(kernel, sdpa): one decode row through ``STREAM_LAYERS`` layers, each its own cache, so the
+    keys and values come from memory as in a decode step (a single layer's cache stays in cache)."""
+    layers = [_runners(shape, context, 1, dtype) for _ in range(STREAM_LAYERS)]
+
+    def kernel():
+        for run, _ in layers:
+            run()
+
+    def sdpa():
+        for _, run in layers:
+            run()
+    return kernel, sdpa
 
 
 def _runners(shape, context: int, rows: int, dtype: torch.dtype):
@@ -89,7 +108,10 @@ def main() -> None:
     for name, shape in SHAPES.items():
         for dtype in (torch.bfloat16, torch.float32):
             for case, context, num_rows in CASES:
-                kernel, sdpa = _runners(shape, context, num_rows, dtype)
+                if case == "stream":
+                    kernel, sdpa = _stream_runners(shape, context, dtype)
+                else:
+                    kernel, sdpa = _runners(shape, context, num_rows, dtype)
                 times = {"kernel": [], "sdpa": []}
                 for _ in range(2):  # alternated
                     times["kernel"].append(_best(kernel, args.repeats))

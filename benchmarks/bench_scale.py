@@ -12,7 +12,8 @@ then llama.cpp through llama-cpp-python (start-up and peak memory, and speeds wh
 ``--long-files`` are also timed at long context (a ``--long-prefill``-token prompt, decode at
 ``--long-depth``), both engines then holding ``--long-n-ctx`` tokens. Both engines get 2 threads
 and a KV cache of ``--n-ctx`` tokens. Prints one table with the ratios draftwise / llama.cpp and
-writes the figures as JSON.
+writes the figures as JSON. With ``--ik-llama-bench``, ik_llama.cpp's speeds too (its own
+llama-bench, weights repacked at load: ``-rtr 1``), with the ratios draftwise / ik_llama.cpp.
 """
 from __future__ import annotations
 
@@ -59,18 +60,23 @@ def run_engine(python: str, engine: str, gguf: Path, args, speed: bool = True, l
         return json.loads(Path(out.name).read_text())
 
 
-def llama_bench(binary: str, gguf: Path, args, long: bool = False) -> dict:
+def llama_bench(binary: str, gguf: Path, args, long: bool = False, flags: tuple[str, ...] = (),
+                gp_depths: bool = False) -> dict:
     """llama.cpp's own speeds: prefill tokens/s, decode tokens/s at depth 0 and at ``--depth`` (and with
     ``long``, prefill of ``--long-prefill`` tokens and decode at ``--long-depth``). Prompts and
     decodes are separate runs: llama-bench times every prompt at every depth otherwise."""
-    base = [binary, "-m", str(gguf), "-t", str(args.threads), "-r", "1", "-o", "json"]
+    base = [binary, "-m", str(gguf), "-t", str(args.threads), "-r", "1", "-o", "json", *flags]
     prompts = [args.prefill] + ([args.long_prefill] if long and args.long_prefill else [])
     depths = [0, args.depth] + ([args.long_depth] if long and args.long_depth else [])
+    if gp_depths:  # ik_llama.cpp's llama-bench: no -d; -gp DEPTH,N times N tokens after a DEPTH-token prompt
+        decodes = ["-p", "0", "-n", str(args.decode)] + [a for d in depths[1:] for a in ("-gp", f"{d},{args.decode}")]
+    else:
+        decodes = ["-p", "0", "-n", str(args.decode), "-d", ",".join(map(str, depths))]
     runs = []
-    for extra in (["-p", ",".join(map(str, prompts)), "-n", "0"],
-                  ["-p", "0", "-n", str(args.decode), "-d", ",".join(map(str, depths))]):
+    for extra in (["-p", ",".join(map(str, prompts)), "-n", "0"], decodes):
         runs += json.loads(subprocess.run(base + extra, check=True, capture_output=True, text=True).stdout)
-    speed = {(r["n_prompt"], r["n_gen"], r["n_depth"]): r["avg_ts"] for r in runs}
+    speed = {(r["n_prompt"], r["n_gen"], r["n_depth"]) if "n_depth" in r else
+             ((0, r["n_gen"], r["n_prompt"]) if r["n_gen"] else (r["n_prompt"], 0, 0)): r["avg_ts"] for r in runs}
     return {"prefill_tps": speed[(args.prefill, 0, 0)], "decode_tps": speed[(0, args.decode, 0)],
             "decode_deep_tps": speed.get((0, args.decode, args.depth)),
             "prefill_long_tps": speed.get((args.long_prefill, 0, 0)) if long else None,
@@ -95,6 +101,10 @@ def measure_file(spec: str, args) -> dict:
         theirs.update(llama_bench(args.llama_bench, gguf, args, long), speeds_from="llama-bench")
     row = {"file": spec, "size_mb": round(gguf.stat().st_size / 2**20), "draftwise": ours, "llamacpp": theirs}
     row["ratios"] = {m: ours[m] / theirs[m] for m in METRICS if ours.get(m) and theirs.get(m)}
+    if args.ik_llama_bench:  # its strongest CPU path: weights repacked at load (-rtr 1)
+        ik = llama_bench(args.ik_llama_bench, gguf, args, long, ("-rtr", "1"), gp_depths=True)
+        row["ik_llama"] = ik
+        row["ratios_ik"] = {m: ours[m] / ik[m] for m in METRICS if ours.get(m) and ik.get(m)}
     print_row(row)
     return row
 
@@ -103,12 +113,17 @@ def print_row(row: dict) -> None:
     ours, theirs, ratio = row["draftwise"], row["llamacpp"], row["ratios"]
     cells = [f"{m} {ours[m]:.1f} vs {theirs[m]:.1f} ({ratio[m]:.2f}x)" for m in METRICS if m in ratio]
     print(f"{row['file']} ({row['size_mb']} MB): " + "; ".join(cells), flush=True)
+    if "ik_llama" in row:
+        ik, ratio = row["ik_llama"], row["ratios_ik"]
+        print("  vs ik_llama.cpp: " + "; ".join(f"{m} {ours[m]:.1f} vs {ik[m]:.1f} ({ratio[m]:.2f}x)"
+                                              for m in METRICS if m in ratio), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llamacpp-python", required=True, help="python of the venv `make llamacpp` built")
     parser.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench (`make llama-bench`)")
+    parser.add_argument("--ik-llama-bench", default=None, help="ik_llama.cpp's llama-bench (`make ik-llama-bench`)")
     parser.add_argument("--files", default=DEFAULT_FILES, help="shape:ftype,... (scripts/make_shaped_gguf.py)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prefill", type=int, default=1024)
