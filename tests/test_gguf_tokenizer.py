@@ -84,3 +84,23 @@ def test_tokenizer_is_transformers_own(model, tmp_path, monkeypatch):
 def test_bundled_vocabulary_reads_as_transformers_reads_it():
     path = _smollm2_gguf()
     assert tokenizer_parts(read_header(path)) == get_gguf_tokenizer(str(path))
+
+
+def test_first_load_hands_over_the_tokenizer_it_wrote(tmp_path, monkeypatch):
+    """The engine of a first load takes the tokenizer object whose files were just written; any later
+    load reads the files; both tokenize alike."""
+    from draftwise.models import loader
+    from draftwise.models.registry import load_tokenizer
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "gpt2.gguf"
+    _write(path, "gpt2")
+    out = resolve_model(path)
+    assert [folder for folder, _ in loader._JUST_WRITTEN] == [out]
+    first = load_tokenizer(out)
+    assert loader.take_written_tokenizer(out) is None  # taken by the first load
+    again = load_tokenizer(out)
+    assert first is not again and first.name_or_path == again.name_or_path == str(out)
+    text = "ab a b t3 abab"
+    assert first(text).input_ids == again(text).input_ids and first.all_special_ids == again.all_special_ids
+    assert first.chat_template == again.chat_template == TEMPLATE

@@ -214,10 +214,11 @@ def convert_gguf(gguf: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary directory
-        _write_hf_dir(header, tmp)
+        tokenizer = _write_hf_dir(header, tmp)
         (tmp / _DONE_MARK).write_text(json.dumps({"source": str(gguf.resolve())}) + "\n")
         try:
             os.rename(tmp, out)
+            _JUST_WRITTEN[:] = [(out, tokenizer)]
         except OSError:
             # Another process finished first; keep its copy if it is complete.
             if not (out / _DONE_MARK).is_file():
@@ -227,14 +228,26 @@ def convert_gguf(gguf: Path) -> Path:
     return out
 
 
-def _write_hf_dir(header, out: Path) -> None:
-    """Write the config, generation config and tokenizer files of the GGUF ``header`` describes into ``out``."""
+def take_written_tokenizer(path: Path):
+    """The tokenizer object ``convert_gguf`` just wrote into the folder ``path``, once (the files hold
+    the same tokenizer; reading them back costs a parse of the vocabulary), else None."""
+    if _JUST_WRITTEN and _JUST_WRITTEN[0][0] == Path(path):
+        return _JUST_WRITTEN.pop()[1]
+    return None
+
+
+_JUST_WRITTEN: list = []  # [(folder, tokenizer)] of the last conversion, until its engine takes it
+
+
+def _write_hf_dir(header, out: Path):
+    """Write the config, generation config and tokenizer files of the GGUF ``header`` describes into
+    ``out``; returns the tokenizer."""
     from .gguf_config import gguf_config
 
     config = gguf_config(header)
     config.save_pretrained(out)
     _write_generation_config(config, out)
-    _write_tokenizer(header, config, out)
+    return _write_tokenizer(header, config, out)
 
 
 def _write_generation_config(config, out: Path) -> None:
@@ -243,7 +256,7 @@ def _write_generation_config(config, out: Path) -> None:
     GenerationConfig.from_model_config(config).save_pretrained(out)
 
 
-def _write_tokenizer(header, config, out: Path) -> None:
+def _write_tokenizer(header, config, out: Path):
     """tokenizer.json + tokenizer_config.json (chat template inline) + special_tokens_map.json of the
     GGUF ``header`` describes, in the class AutoTokenizer picks for the model type
     (``gguf_tokenizer.py``)."""
@@ -262,3 +275,4 @@ def _write_tokenizer(header, config, out: Path) -> None:
         if getattr(tokenizer, name, None) is not None
     }
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
+    return tokenizer

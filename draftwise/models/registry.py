@@ -27,7 +27,7 @@ from .gguf_blocks import BlockLoader, apply_gguf_blocks
 from .gguf_file import GGUFFile
 from .gguf_int4 import apply_gguf_int4
 from .hf_names import layer_names
-from .loader import cache_root, gguf_source, open_checkpoint
+from .loader import cache_root, gguf_source, open_checkpoint, take_written_tokenizer
 from .quantize import WEIGHT_ONLY, quantize_linears
 from .shard_layout import ShardLayout
 from .shard_weights import read_param
@@ -63,6 +63,10 @@ def load_tokenizer(name_or_path):
     if gguf_source(path) is not None and _tokenizer_class(path) in _GENERIC_TOKENIZERS:
         from transformers import PreTrainedTokenizerFast
 
+        written = take_written_tokenizer(path)  # a first load: the object whose files were just written
+        if isinstance(written, PreTrainedTokenizerFast):
+            written.name_or_path = str(path)
+            return written
         return PreTrainedTokenizerFast.from_pretrained(path)
     from transformers import AutoTokenizer
 
