@@ -134,6 +134,13 @@ inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64
     if (t < n && t + kPrefetchKeys < n) prefetch_rows(in, s.rows_at[t + kPrefetchKeys], nh * D);
     for (int64_t h = 0; h < nh; ++h) {
       float* value = s.values.data() + h * tile + t * P;
+      float* key = pair_key(s.keys.data() + h * tile, t, P);
+      if (t < n && D == P) {  // whole pieces of kDotLanes: converted straight to their places
+        const T* row = in.k_cache + s.rows_at[t] + h * D;
+        for (int64_t b = 0; b < P / kDotLanes; ++b) to_float(row + b * kDotLanes, key + 2 * b * kDotLanes, kDotLanes);
+        to_float(in.v_cache + s.rows_at[t] + h * D, value, D);
+        continue;
+      }
       if (t < n) {
         to_float(in.k_cache + s.rows_at[t] + h * D, s.row.data(), D);
         to_float(in.v_cache + s.rows_at[t] + h * D, value, D);
@@ -142,7 +149,6 @@ inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64
         std::fill(s.row.begin(), s.row.end(), 0.f);
         std::fill(value, value + P, 0.f);
       }
-      float* key = pair_key(s.keys.data() + h * tile, t, P);
       for (int64_t b = 0; b < P / kDotLanes; ++b)
         std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
     }
