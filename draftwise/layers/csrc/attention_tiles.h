@@ -135,22 +135,21 @@ inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64
     for (int64_t h = 0; h < nh; ++h) {
       float* value = s.values.data() + h * tile + t * P;
       float* key = pair_key(s.keys.data() + h * tile, t, P);
-      if (t < n && D == P) {  // whole pieces of kDotLanes: converted straight to their places
-        const T* row = in.k_cache + s.rows_at[t] + h * D;
-        for (int64_t b = 0; b < P / kDotLanes; ++b) to_float(row + b * kDotLanes, key + 2 * b * kDotLanes, kDotLanes);
-        to_float(in.v_cache + s.rows_at[t] + h * D, value, D);
+      if (t >= n) {  // past the chunk's keys: zeros
+        for (int64_t b = 0; b < P / kDotLanes; ++b) std::fill_n(key + 2 * b * kDotLanes, kDotLanes, 0.f);
+        std::fill(value, value + P, 0.f);
         continue;
       }
-      if (t < n) {
-        to_float(in.k_cache + s.rows_at[t] + h * D, s.row.data(), D);
-        to_float(in.v_cache + s.rows_at[t] + h * D, value, D);
-        std::fill(value + D, value + P, 0.f);
-      } else {
-        std::fill(s.row.begin(), s.row.end(), 0.f);
-        std::fill(value, value + P, 0.f);
+      const T* row = in.k_cache + s.rows_at[t] + h * D;
+      if (D == P) {  // whole pieces of kDotLanes: converted straight to their places
+        for (int64_t b = 0; b < P / kDotLanes; ++b) to_float(row + b * kDotLanes, key + 2 * b * kDotLanes, kDotLanes);
+      } else {  // through s.row, zero past D
+        to_float(row, s.row.data(), D);
+        for (int64_t b = 0; b < P / kDotLanes; ++b)
+          std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
       }
-      for (int64_t b = 0; b < P / kDotLanes; ++b)
-        std::memcpy(key + 2 * b * kDotLanes, s.row.data() + b * kDotLanes, kDotLanes * sizeof(float));
+      to_float(in.v_cache + s.rows_at[t] + h * D, value, D);
+      std::fill(value + D, value + P, 0.f);
     }
   }
 }
