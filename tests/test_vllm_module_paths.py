@@ -16,9 +16,9 @@ def test_the_metrics_example_reads_every_kind(tiny_llm):
     assert generated.value >= 4 and Vector.__module__ == "draftwise.metrics.reader"
 
 
-def test_kv_transfer_config_path_is_draftwise_own_class():
+def test_kv_transfer_config_path_is_draftwise_own_module():
     import draftwise.config.kv_transfer as kv_transfer
     from draftwise.config.kv_transfer import KVTransferConfig
-    from draftwise.kv_transfer import KVTransferConfig as own
+    from draftwise.config import KVTransferConfig as own
 
     assert KVTransferConfig is own and kv_transfer.KVTransferConfig is own

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..kv_transfer import HIDDEN_STATES_DTYPES
+from ..config.kv_transfer import HIDDEN_STATES_DTYPES
 from ..llm import LLM
 from ..models.loader import SMOLLM2_NAME
 from ..sampling_params import SamplingParams

@@ -3,8 +3,9 @@
 With ``vllm`` swapped for ``draftwise`` in an import, these resolve:
 
 * ``draftwise.v1.metrics.reader`` (``Counter``, ``Gauge``, ``Histogram``, ``Vector``, ``Metric``):
-  ``draftwise.metrics.reader``, what ``LLM.get_metrics()`` returns;
-* ``draftwise.config.kv_transfer`` (``KVTransferConfig``): ``draftwise.kv_transfer``.
+  ``draftwise.metrics.reader``, what ``LLM.get_metrics()`` returns.
+
+(``draftwise.config.kv_transfer`` is draftwise's own module, at vLLM's path.)
 
 ``install()`` registers each alias (and the packages above it that draftwise has no module for) in
 ``sys.modules``; ``import draftwise`` calls it. An alias is the module itself, not a copy.
@@ -17,7 +18,6 @@ import types
 
 ALIASES = {
     "draftwise.v1.metrics.reader": "draftwise.metrics.reader",
-    "draftwise.config.kv_transfer": "draftwise.kv_transfer",
 }
 
 

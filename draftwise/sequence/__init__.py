@@ -11,8 +11,8 @@ from __future__ import annotations
 import enum
 import itertools
 
-from .outputs import Logprob
-from .sampling_params import SamplingParams
+from ..outputs import Logprob
+from ..sampling_params import SamplingParams
 from .spec_state import SpecState
 
 _seq_counter = itertools.count()

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from .compat.vllm.spec_keys import strip_vllm_keys
-from .compilation.config import CompilationConfig
-from .distributed.executor import resolve_backend
+from ..compat.vllm.spec_keys import strip_vllm_keys
+from ..compilation.config import CompilationConfig
+from ..distributed.executor import resolve_backend
+from ..sample.verify.config import RejectionSamplerConfig
+from ..spec_decode.config import SpeculativeConfig
 from .kv_transfer import KVTransferConfig
-from .sample.verify.config import RejectionSamplerConfig
-from .spec_decode.config import SpeculativeConfig
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -77,7 +77,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks the target's layers are split across (torch.distributed)
     distributed_executor_backend: str | None = None  # "mp" (default for N > 1), "ray", "uni" (one rank)
     speculative_config: dict | str | None = None  # the method and its keys (docs/speculative-decoding.md)
-    # gguf_int4, gguf_weights, grammar_drafts, rejection_sampler_config (block / entropy verify)
+    # gguf_weights, grammar_drafts, rejection_sampler_config (block / entropy verify)
     additional_config: dict | None = None
     # ExampleHiddenStatesConnector: where extract_hidden_states writes each request's states
     kv_transfer_config: dict | KVTransferConfig | None = None
@@ -201,7 +201,7 @@ def _check_tree_engine(tensor_parallel_size: int, verify: RejectionSamplerConfig
 # output drafts the tokens it forces (engine/structured_outputs.py); gguf_weights: "quantized" (a GGUF model's
 # linears keep the file's blocks on CPU, models/gguf_blocks.py; the default with dtype "auto") or "dequantized"
 # (the default where a float dtype is named)
-_ADDITIONAL_KEYS = {"gguf_int4": bool, "rejection_sampler_config": dict, "grammar_drafts": bool, "gguf_weights": str}
+_ADDITIONAL_KEYS = {"rejection_sampler_config": dict, "grammar_drafts": bool, "gguf_weights": str}
 _ADDITIONAL_VALUES = {"gguf_weights": ("quantized", "dequantized")}
 
 
