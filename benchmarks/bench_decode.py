@@ -4,7 +4,6 @@ Measures, for SmolLM2-135M-Instruct (or --model), greedy decoding of
 --max-tokens new tokens (EOS ignored):
   * one request at a time (tokens/s, median of --repeats runs),
   * --concurrency requests at once (aggregate output tokens/s),
-  * the same with 4-bit GGUF layers on the int4 kernel (additional_config gguf_int4),
   * transformers' `generate` on the same converted weights,
 and prints the ratios and the peak resident memory of the process.
 
@@ -80,8 +79,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--no-transformers", action="store_true")
-    parser.add_argument("--no-int4", action="store_true",
-                        help="skip the extra row with 4-bit GGUF layers on the int4 kernel")
     args = parser.parse_args()
     llm = LLM(model=args.model, dtype=args.dtype, max_num_seqs=max(16, args.concurrency))
     dtype = llm.llm_engine.dtype
@@ -96,14 +93,6 @@ def main() -> None:
     print(f"draftwise   single request : {single:7.1f} tokens/s  (median of {args.repeats})")
     print(f"draftwise   {args.concurrency:2d} concurrent  : {batched:7.1f} tokens/s  "
           f"({batched / single:.1f}x single)")
-    if not args.no_int4 and dtype == torch.bfloat16:
-        int4 = LLM(model=args.model, dtype=args.dtype, max_num_seqs=max(16, args.concurrency),
-                   additional_config={"gguf_int4": True})
-        if int4.llm_engine.runner.model.int4_layers:
-            single4, batched4 = bench_draftwise(int4, args.max_tokens, args.repeats, args.concurrency)
-            print(f"draftwise   gguf_int4 single: {single4:7.1f} tokens/s ({single4 / single:.2f}x bf16), "
-                  f"{args.concurrency} concurrent: {batched4:.1f} tokens/s")
-        del int4
     if not args.no_transformers:
         hf = bench_transformers(resolve_model(args.model), dtype, device, args.max_tokens, args.repeats)
         print(f"transformers generate      : {hf:7.1f} tokens/s  -> draftwise/transformers = {single / hf:.2f}x")

@@ -169,3 +169,12 @@ def test_serve_json_flags_are_parsed_before_their_check(tiny_model_dir):
         check("--default-chat-template-kwargs", '{"enable_thinking": false}')
     with pytest.raises(ValueError, match="default-chat-template-kwargs"):
         check("--default-chat-template-kwargs", "{not json")
+
+
+@pytest.mark.parametrize("extra, words", [({"nope": 1}, "'nope' is unknown; allowed: .*gguf_weights"),
+                                          ({"grammar_drafts": "yes"}, "grammar_drafts.*must be a bool"),
+                                          ({"gguf_weights": "int4"}, "allowed: \\['quantized', 'dequantized'\\]"),
+                                          ("gguf_weights", "must be a dict")])
+def test_additional_config_is_validated_naming_the_key(extra, words):
+    with pytest.raises(ValueError, match=f"additional_config.*{words}"):
+        engine_config_from_kwargs(additional_config=extra)

@@ -201,6 +201,6 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     add("--grammar-drafts", type=_list_type(str), default=["on"], metavar="on|off|on,off",
         help="with --structured-outputs: whether the grammar drafts the tokens it forces; on,off runs both")
     add("--additional-config", default=None, metavar="JSON",
-        help='engine options for every configuration, e.g. \'{"gguf_int4": true}\'')
+        help='engine options for every configuration, e.g. \'{"gguf_weights": "dequantized"}\'')
     add_compilation_args(parser)
 

@@ -93,8 +93,7 @@ class LLMEngine:
         self.gguf_weights = extra.get("gguf_weights", config.default_gguf_weights)
         blocks = load_blocks_ahead(gguf_file(config.model), device=config.torch_device,  # while the folder,
                                    world_size=config.tensor_parallel_size, gguf_weights=self.gguf_weights,
-                                   gguf_int4=extra.get("gguf_int4", False),  # config and tokenizer load
-                                   quantization=config.quantization)
+                                   quantization=config.quantization)  # config and tokenizer load
         path = resolve_model(config.model)
         config.model_path = path
         self.hf_config = load_config(path)
@@ -106,7 +105,7 @@ class LLMEngine:
         if self.executor is not None:
             weakref.finalize(self, self.executor.shutdown)
         model = build_model(path, self.hf_config, self.dtype, self.device, self.max_model_len,
-                            gguf_int4=extra.get("gguf_int4", False), tp=self.executor and self.executor.group,
+                            tp=self.executor and self.executor.group,
                             gguf_weights=self.gguf_weights, quantization=config.quantization, blocks=blocks)
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(config.generation_config, path, config.override_generation_config)
@@ -151,7 +150,7 @@ class LLMEngine:
         self._pending_outputs: list[str] = []  # async scheduling: requests the last step advanced
         self._output_thread = ThreadPoolExecutor(1, "draftwise-output") if config.async_scheduling else None
         self.stats = StatsRecorder.for_engine(self, SMOLLM2_NAME)  # vLLM's metrics and log lines (metrics/)
-        self._log_start(model.int4_layers, num_blocks)
+        self._log_start(model.num_gguf_linears, num_blocks)
         gc.collect()  # as vLLM does: the start-up heap (torch, tokenizer, model) lives as long as the
         gc.freeze()   # process, so full collections skip it (a ~0.2 s pause each, every stream stalled)
 
@@ -169,10 +168,11 @@ class LLMEngine:
         if self.executor is not None:
             self.executor.shutdown()
 
-    def _log_start(self, int4_layers: bool, num_blocks: int) -> None:
+    def _log_start(self, num_gguf_linears: int, num_blocks: int) -> None:
         config = self.config
+        on_blocks = f", {num_gguf_linears} linears on GGUF blocks" if num_gguf_linears else ""
         logger.info("draftwise: %s on %s (%s%s), max_model_len=%d, KV cache %d blocks x %d tokens",
-                    config.model_path.name, self.device, self.dtype, ", 4-bit GGUF layers" if int4_layers else "",
+                    config.model_path.name, self.device, self.dtype, on_blocks,
                     self.max_model_len, num_blocks, config.block_size)
         logger.info("draftwise: step time by rows at start-up: %s", self.step_cost.describe())
         if config.speculative:

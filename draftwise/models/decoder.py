@@ -167,7 +167,6 @@ class DecoderLM(nn.Module):
         embed = self.embed_tokens.weight.numel()
         self.num_streamed_params = sum(p.numel() for p in self.parameters()) - embed \
             + (embed if self.tied else 0)
-        self.int4_layers = False  # set when 4-bit GGUF layers run on the int4 kernel
         self.stack = None  # set where the layers run as one C++ DecoderStack (models/decoder_stack.py)
         self.fused = False  # set where the layers run with the fused Triton kernels (models/fused_layers.py)
         self.kernel_plans: dict[str, dict[int, str]] = {}  # kernel per row bucket, by group (CPU)

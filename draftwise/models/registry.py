@@ -25,7 +25,6 @@ from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
 from .gguf_blocks import BlockLoader, apply_gguf_blocks
 from .gguf_file import GGUFFile
-from .gguf_int4 import apply_gguf_int4
 from .hf_names import layer_names
 from .loader import cache_root, gguf_source, open_checkpoint, take_written_tokenizer
 from .quantize import WEIGHT_ONLY, quantize_linears
@@ -98,10 +97,10 @@ def _written_config(path: Path):
     return config
 
 
-def runs_on_blocks(gguf: Path | None, device: torch.device, world_size: int, gguf_weights: str, gguf_int4: bool,
+def runs_on_blocks(gguf: Path | None, device: torch.device, world_size: int, gguf_weights: str,
                    quantization: str | None) -> bool:
     """Whether ``build_model`` runs the linears of a model from the GGUF file ``gguf`` on its blocks."""
-    return (gguf is not None and gguf_weights == "quantized" and not gguf_int4
+    return (gguf is not None and gguf_weights == "quantized"
             and quantization not in WEIGHT_ONLY and device.type == "cpu" and world_size == 1
             and gguf_linear.available())
 
@@ -117,10 +116,9 @@ def load_blocks_ahead(gguf: Path | None, **where) -> BlockLoader | None:
 
 
 def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
-                max_positions: int, gguf_int4: bool = False, tp=None, gguf_weights: str = "dequantized",
+                max_positions: int, tp=None, gguf_weights: str = "dequantized",
                 quantization: str | None = None, blocks: BlockLoader | None = None) -> DecoderLM:
-    """Load a model; with ``gguf_int4`` (bf16 only), 4-bit GGUF layers run on the int4 kernel on CPU.
-    Otherwise, on CPU, a GGUF model's linears keep the file's blocks and its embedding stays in the
+    """Load a model. On CPU, a GGUF model's linears keep the file's blocks and its embedding stays in the
     file (``gguf_blocks.py``: no float copy is made) unless ``gguf_weights="dequantized"`` or the
     model is sharded (the blocks are not split across ranks); float weights are read from the
     file one tensor at a time. ``quantization`` (``quantize.WEIGHT_ONLY``) quantizes any model's
@@ -130,22 +128,16 @@ def build_model(path: Path, config, dtype: torch.dtype, device: torch.device,
     ``shard_weights.py``). ``blocks``: the linears ``load_blocks_ahead`` started making."""
     spec = ARCH_SPECS[config.model_type]
     layout = ShardLayout.of(config, tp.rank, tp.world_size) if tp is not None else ShardLayout.whole(config)
-    if gguf_int4 and layout.world_size > 1:
-        raise ValueError("additional_config['gguf_int4'] cannot run with tensor_parallel_size > 1: the int4 "
-                         "layers are not sharded")
     with torch.device("meta"):  # no random init: every parameter comes from the checkpoint
         model = DecoderLM(config, spec, max_positions, layout, tp)
-    on_blocks = runs_on_blocks(gguf_source(path), device, layout.world_size, gguf_weights, gguf_int4, quantization)
+    on_blocks = runs_on_blocks(gguf_source(path), device, layout.world_size, gguf_weights, quantization)
     reader = blocks.gguf if blocks is not None and on_blocks else open_checkpoint(path)
     model.num_gguf_linears = apply_gguf_blocks(model, reader, blocks) if on_blocks else 0
     _materialize(model)
     _load_state(model, reader)
     model = model.to_device(device, dtype).eval()
-    source = gguf_source(path)
-    if gguf_int4 and source is not None and dtype == torch.bfloat16 and can_pack(device, dtype):
-        model.int4_layers = apply_gguf_int4(model, source, path)
     if quantization in WEIGHT_ONLY:
-        _check_can_quantize(quantization, device, layout, gguf_int4)
+        _check_can_quantize(quantization, device, layout)
         model.num_gguf_linears = quantize_linears(model, quantization)
     if model.num_gguf_linears:
         model.stack = build_stack(model)
@@ -164,14 +156,12 @@ def _materialize(model: nn.Module) -> None:
                 setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=param.dtype), requires_grad=False))
 
 
-def _check_can_quantize(quantization: str, device: torch.device, layout: ShardLayout, gguf_int4: bool) -> None:
+def _check_can_quantize(quantization: str, device: torch.device, layout: ShardLayout) -> None:
     where = None
     if device.type != "cpu":
         where = f"device {device.type} (the kernels are CPU kernels)"
     elif layout.world_size > 1:
         where = "tensor_parallel_size > 1 (quantized weights are not sharded)"
-    elif gguf_int4:
-        where = "additional_config['gguf_int4']"
     elif not gguf_linear.available():
         where = "a machine where draftwise's C++ CPU kernels did not build"
     if where:
