@@ -7,10 +7,10 @@
 // signed bytes) with a scale and an offset per half of 16, so that w_i = scale * u_i + offset (Q4_0's
 // -8 d, Q4_1's m, a k-quant's -dmin m, Q6_K's -32 d sc). Each activation row is quantized once per
 // call to 8 bits per 32 values (gguf_act.h), and an output sums, per half unit, d * scale * (integer
-// dot of u and q) + offset * d * sum(q). Where the CPU has AVX512-VNNI, weights of every type but Q5_1
-// whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h, gguf_interleave_k.h),
-// other repacked rows and Q4_K run on gguf_dot_avx512.h; everything else on AVX2 (gguf_dot_avx2.h) or scalar code
-// (the library is built with -march=native on the machine that runs it).
+// dot of u and q) + offset * d * sum(q). One layout per ISA: where the CPU has AVX512-VNNI, weights of
+// every type but Q5_1 whose outputs come in 16s are interleaved 16 rows at a time (gguf_interleave.h,
+// gguf_interleave_k.h); everything else runs on the AVX2 path (gguf_dot_avx2.h) or scalar code (the
+// library is built with -march=native on the machine that runs it).
 //
 // Threads split the output features. The unpacked weights of a group are used for a tile of
 // activation rows, each with its own accumulators, so a verify step's few rows cost less than that
@@ -18,7 +18,7 @@
 // a fixed order: a row's result does not depend on how many rows share the call (batch invariance).
 #include "gguf_linear.h"
 
-#include "gguf_dot_avx512.h"
+#include "gguf_dot_avx2.h"
 #include "gguf_interleave_k.h"
 
 #include <ATen/Functions.h>
@@ -113,38 +113,12 @@ void run(const uint8_t* weight, int64_t out_features, int64_t num_units, const A
   }
   const int64_t row_bytes = num_units / Layout<T>::units * Layout<T>::bytes;
   const int64_t num_groups = (num_units + kGroup - 1) / kGroup;
-#if defined(DRAFTWISE_GGUF_ZMM)
-  // Repacked rows, and Q4_K as stored: its super-blocks already hold units 2j, 2j+1 as nibble pairs.
-  constexpr bool kZmm = kPacked || T == kQ4_K;
-  constexpr int64_t kRows = kZmm ? kZmmTile : kTile;
-#else
-  constexpr bool kZmm = false;
-  constexpr int64_t kRows = kTile;
-#endif
   at::parallel_for(0, out_features, 16, [&](int64_t begin, int64_t end) {
-    float tile[kRows];
-#if defined(DRAFTWISE_GGUF_ZMM)
-    if (kZmm && num_rows == 1) {  // four outputs at a time
-      for (; begin + 4 <= end; begin += 4) {
-        dot_rows4_zmm<T>(weight + begin * row_bytes, row_bytes, num_units, act, num_groups, tile);
-        for (int64_t k = 0; k < 4; ++k) y.store(begin + k, begin + k, tile[k]);
-      }
-    }
-#endif
+    float tile[kTile];
     for (int64_t n = begin; n < end; ++n)
-      for (int64_t m0 = 0; m0 < num_rows; m0 += kRows) {
-        const int64_t rows = std::min(kRows, num_rows - m0);
-        const uint8_t* w = weight + n * row_bytes;
-        const ActGroup* a = act + m0 * num_groups;
-#if defined(DRAFTWISE_GGUF_ZMM)
-        if (kZmm) {
-          dot_tile_zmm<T>(w, num_units, a, num_groups, rows, tile);
-        } else {
-          dot_tile<T, kPacked>(w, num_units, a, num_groups, rows, tile);
-        }
-#else
-        dot_tile<T, kPacked>(w, num_units, a, num_groups, rows, tile);
-#endif
+      for (int64_t m0 = 0; m0 < num_rows; m0 += kTile) {
+        const int64_t rows = std::min(kTile, num_rows - m0);
+        dot_tile<T, kPacked>(weight + n * row_bytes, num_units, act + m0 * num_groups, num_groups, rows, tile);
         for (int64_t m = 0; m < rows; ++m) y.store((m0 + m) * y.ld + n, n, tile[m]);
       }
   });
