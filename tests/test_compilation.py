@@ -4,6 +4,8 @@ dynamic graph), speculative verification (EAGLE-3 reads auxiliary hidden states)
 static buckets, and two compiled engines in one process that must not share frozen weights."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 from conftest import PROMPTS, _save_random_llama, greedy
 
@@ -14,6 +16,7 @@ from draftwise.compilation import CompilationConfig
 from draftwise.compilation.config import default_capture_sizes
 from draftwise.config import EngineConfig
 from draftwise.engine.arg_utils import engine_config_from_kwargs
+from draftwise.layers import native
 
 MAX_TOKENS = [12, 20, 8, 16, 10, 14, 6, 18]
 
@@ -68,6 +71,17 @@ def test_enforce_eager_and_the_default_run_eager(tiny_model_dir):
     assert llm.llm_engine.compile_seconds == 0.0
     assert llm.llm_engine.runner.paged.run is llm.llm_engine.runner.paged.model
     assert CompilationConfig().resolved_mode(enforce_eager=False) == 0
+
+
+def test_a_model_on_gguf_blocks_runs_its_stack_not_a_compiled_graph(tiny_model_dir, caplog):
+    if not native.load():
+        pytest.skip("the C++ kernels did not build here")
+    kwargs = dict(model=str(tiny_model_dir), dtype="float32", seed=0, quantization="q4_0")
+    with caplog.at_level(logging.WARNING, logger="draftwise"):
+        llm = LLM(**kwargs, compilation_config=3)
+    assert llm.llm_engine.compile_seconds == 0.0 and llm.llm_engine.runner.paged.run is llm.llm_engine.runner.paged.model
+    assert "not applied: the linears run on GGUF blocks" in caplog.text
+    assert _tokens(llm) == _tokens(LLM(**kwargs))
 
 
 @pytest.mark.parametrize("value, mode", [(3, 3), ("3", 3), ('{"level": 1}', 1), ({"mode": "VLLM_COMPILE"}, 3),

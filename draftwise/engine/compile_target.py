@@ -1,6 +1,11 @@
 """Compile the target's forward at start-up (``compilation_config`` mode > 0), and capture its
 uniform batches as CUDA graphs on a GPU (``capture_target``).
 
+``why_not_compiled`` says when a mode > 0 still runs the target as it is: under tensor parallelism
+(every rank runs its shard eagerly), and where its linears run on GGUF blocks (the layers are one
+C++ stack, several times faster than the compiled float forward on the same file:
+``benchmarks/bench_compile.py``). Float weights on CPU are where compiling wins over eager.
+
 ``compile_target`` swaps the ``PagedModel``'s forward for a ``CompiledForward`` and compiles
 every graph now, each on a throwaway sequence of the block manager's scratch space, so no step
 ever waits for a compile. Returns the seconds spent (logged by ``log_compile``).
@@ -14,6 +19,15 @@ import torch
 from ..compilation.compiled_forward import CompiledForward, log_compile
 from ..compilation.static_step import StaticStep
 from ..paged import BlockManager, ForwardInput, PagedModel
+
+
+def why_not_compiled(model, tensor_parallel: bool) -> str | None:
+    """Why a target with ``compilation_config`` mode > 0 runs uncompiled; None where it compiles."""
+    if tensor_parallel:
+        return "tensor_parallel_size > 1: every rank runs its shard eagerly"
+    if getattr(model, "num_gguf_linears", 0):
+        return "the linears run on GGUF blocks, as the C++ decoder stack (faster than a compiled float forward)"
+    return None
 
 
 def compile_target(paged: PagedModel, block_manager: BlockManager, compilation, max_num_tokens: int,

@@ -61,7 +61,7 @@ from ..paged import KVPool, PagedModel
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
-from .compile_target import capture_target, compile_target
+from .compile_target import capture_target, compile_target, why_not_compiled
 from .drafting.speculator import Speculator
 from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
 from .fault_isolation import find_failing
@@ -128,9 +128,9 @@ class LLMEngine:
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler.rule(), self.structured)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = 0.0
-        if self.executor is not None and config.compilation.resolved_mode(config.enforce_eager) != 0:
-            logger.warning("draftwise: compilation_config is ignored with tensor_parallel_size > 1: every rank "
-                           "runs its shard eagerly")
+        uncompiled = why_not_compiled(model, self.executor is not None)
+        if config.compilation.resolved_mode(config.enforce_eager) != 0 and uncompiled:
+            logger.warning("draftwise: compilation_config mode > 0 is not applied: %s", uncompiled)
         elif config.compilation.resolved_mode(config.enforce_eager) != 0:
             self.compile_seconds = compile_target(paged, self.block_manager, config.compilation, max_batched,
                                                   self.needs.aux_layer_ids, self.device)
