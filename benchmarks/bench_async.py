@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from draftwise import LLM, SamplingParams
 from draftwise.bench.measure import tokenize_prompts
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels.cpu_info import cpu_signature
 from draftwise.models.loader import resolve_model
 from draftwise.bench.workloads import load_workload
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftwise.layers import native
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels import native
+from draftwise.kernels.cpu_info import cpu_signature
 
 SHAPES = {"SmolLM2-135M": (9, 3, 64), "Llama-3.2-1B": (32, 8, 64)}
 BLOCK_SIZE = 16

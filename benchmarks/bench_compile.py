@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from draftwise import LLM, SamplingParams
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels.cpu_info import cpu_signature
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is, with an example.",

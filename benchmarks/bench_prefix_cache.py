@@ -20,7 +20,7 @@ import time
 import torch
 
 from draftwise import LLM, SamplingParams
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels.cpu_info import cpu_signature
 from draftwise.models.loader import resolve_model
 from draftwise.bench.workloads import SYSTEM_PROMPT as SYSTEM
 from draftwise.bench.workloads import load_workload

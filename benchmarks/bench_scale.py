@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent))
-    from draftwise.layers.cpu_info import cpu_signature
+    from draftwise.kernels.cpu_info import cpu_signature
 
     rows = [measure_file(spec, args) for spec in args.files.split(",")]
     today = datetime.date.today().isoformat()

@@ -32,7 +32,7 @@ from draftwise import LLM
 from draftwise.distributed.executor import SHM_SLOT_BYTES
 from draftwise.distributed.group import TPGroup
 from draftwise.distributed.shm_collectives import ShmCollectives
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels.cpu_info import cpu_signature
 
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "Explain what a hash map is, with an example.",

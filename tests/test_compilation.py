@@ -16,7 +16,7 @@ from draftwise.compilation import CompilationConfig
 from draftwise.compilation.config import default_capture_sizes
 from draftwise.config import EngineConfig
 from draftwise.engine.arg_utils import engine_config_from_kwargs
-from draftwise.layers import native
+from draftwise.kernels import native
 
 MAX_TOKENS = [12, 20, 8, 16, 10, 14, 6, 18]
 

@@ -18,7 +18,7 @@ from conftest import API_KEY, SERVED_NAME, start_server, stop_server
 
 from draftwise import LLM, SamplingParams
 from draftwise.bench.workloads import load_workload
-from draftwise.layers import native
+from draftwise.kernels import native
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the CPU kernels are not built here")
 EAGLE3 = {"method": "eagle3", "model": "draftwise/SmolLM2-135M-Instruct-eagle3"}

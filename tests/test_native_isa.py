@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from draftwise.layers import native
-from draftwise.layers.cpu_info import cpu_signature
+from draftwise.kernels import native
+from draftwise.kernels.cpu_info import cpu_signature
 
 TESTS = Path(__file__).parent
 

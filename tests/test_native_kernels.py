@@ -1,4 +1,4 @@
-"""draftwise's C++ CPU kernels (``layers/csrc/paged_attention.cpp``, ``cpu_kernels.cpp``) compute
+"""draftwise's C++ CPU kernels (``kernels/csrc/``: attention, RMSNorm) compute
 what torch computes. The paged attention kernel: ragged decode and verify batches over scattered blocks, GQA, sliding
 windows, bf16 and fp32, and an engine running it decodes exactly as one running SDPA (fp32).
 The RMSNorm kernel: equal to ``F.rms_norm`` within fp32 rounding; training keeps torch's op."""
@@ -11,7 +11,7 @@ import torch
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.layers import native
+from draftwise.kernels import native
 from draftwise.layers.common import RMSNorm
 from draftwise.layers.attention import build_metadata, for_kernel, paged_attention, with_paged_kernel
 

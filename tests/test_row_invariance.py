@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise.layers import native
+from draftwise.kernels import native
 from draftwise.layers.attention import build_metadata, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise.layers import native
+from draftwise.kernels import native
 from draftwise.sample import logits as sampling
 from draftwise.sample.logits import CANDIDATES, _top_k_top_p_sorted, apply_top_k_top_p, uniform_noise_reference
 

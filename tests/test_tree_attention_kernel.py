@@ -1,4 +1,4 @@
-"""Token-tree masks in the paged CPU attention kernel (``layers/csrc/cpu_kernels.cpp``) and the C++
+"""Token-tree masks in the paged CPU attention kernel (``kernels/csrc/attention/paged_attention.cpp``) and the C++
 decoder stack. A row with ``(tree_start, bits)``, ``tree_start <= pos``, sees the keys before
 tree_start and, from there on, those whose bit is set (its ancestors and itself); a sliding window
 counts back from its logical position ``tree_start + popcount(bits) - 1`` over the keys before
@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from draftwise.layers import native
+from draftwise.kernels import native
 from draftwise.layers.attention import NO_TREE, build_metadata, paged_attention, with_paged_kernel
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="no C++ compiler: the kernel is not built here")

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import native
+from ..kernels import native
 from .static_attention import StaticBatch, static_attend
 
 PER_SEQUENCE_MIN_QUERY = 16  # from this many query rows in a sequence, attend sequence by sequence

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import native
+from ..kernels import native
 
 
 class RMSNorm(nn.Module):
@@ -27,7 +27,7 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> fp32 [..., dim]
-        if _native_norm(x, self.weight):  # one C++ call instead of torch's five ops (layers/native.py)
+        if _native_norm(x, self.weight):  # one C++ call instead of torch's five ops (kernels/native.py)
             return torch.ops.draftwise_cpu.rms_norm(x.float(), self.weight, self.eps)
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps)
 

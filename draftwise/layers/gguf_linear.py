@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import native
+from ..kernels import native
 
 QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,  # bytes per block

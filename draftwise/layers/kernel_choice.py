@@ -43,9 +43,9 @@ from typing import Callable
 
 import torch
 
-from . import native
+from ..kernels import native
 from .attention import build_metadata, paged_attention, with_paged_kernel
-from .cpu_info import cpu_signature
+from ..kernels.cpu_info import cpu_signature
 from .linear import CANDIDATES, DEFAULT_PLANS, PackedLinear
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 64)

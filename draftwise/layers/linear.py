@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import native
+from ..kernels import native
 
 CANDIDATES = {torch.bfloat16: ("packed", "linear", "mv"), torch.float32: ("matmul_t", "packed")}
 DEFAULT_PLANS = {torch.bfloat16: {1: "mv", 2: "packed"}, torch.float32: {2: "matmul_t", 3: "packed"}}

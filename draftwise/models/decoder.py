@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import native
+from ..kernels import native
 from ..layers.attention import AttentionMetadata, for_kernel, paged_attention
 from ..layers.common import RMSNorm, activation, apply_rope, rope_tables
 from ..layers.forward_context import context_attention

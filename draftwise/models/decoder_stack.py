@@ -1,7 +1,7 @@
 """A decoder's layers on GGUF blocks run by one C++ object, with no Python between their ops.
 
 ``build_stack(model)`` hands every layer of a ``DecoderLM`` to ``draftwise_cpu.DecoderStack``
-(``layers/csrc/decoder_stack.cpp``): its norm weights and its four projections as the GGUF blocks
+(``kernels/csrc/stack/decoder_stack.cpp``): its norm weights and its four projections as the GGUF blocks
 they already hold (``GGUFLinear``, or a ``ConcatLinear`` of them), shared, not copied. It applies
 where every layer's projections are blocks, the model is whole (no tensor parallelism), its
 activation is silu or tanh-gelu and its dtype bf16 or fp32; elsewhere it returns None and the
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import native
+from ..kernels import native
 from ..layers.forward_context import context_attention, get_forward_context
 from ..layers.gguf_linear import ConcatLinear, GGUFLinear
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import native
+from ..kernels import native
 from .metadata import Penalties, SamplingMetadata
 
 _MASK32 = 0xFFFFFFFF

@@ -1,11 +1,13 @@
-"""Build and load draftwise's C++ CPU kernels (``layers/csrc``), once per machine.
+"""Build and load draftwise's C++ CPU kernels (``kernels/csrc``), once per machine.
 
-The kernels: ``draftwise_cpu::paged_attention`` (attention of every CPU row over the
-paged cache, ``layers/attention.py``), ``draftwise_cpu::rms_norm`` (``layers/common.py``),
-``draftwise_cpu::packed_linear`` (a ``PackedLinear`` inside a compiled graph, ``layers/linear.py``)
-and ``draftwise_cpu::gguf_linear`` / ``gguf_repack`` (linears on GGUF blocks as stored,
-``layers/gguf_linear.py``) and ``draftwise_cpu::uniform_noise`` (the sampler's noise, ``sample/logits.py``).
-``load()`` compiles ``csrc/*.cpp`` with the system's C++ compiler for
+The kernels, one folder of ``csrc`` per concern (``csrc/library.cpp`` lists them):
+``attention/`` (``draftwise_cpu::paged_attention``, attention of every CPU row over the paged
+cache, ``layers/attention.py``), ``gguf/`` (``gguf_linear`` / ``gguf_repack``, linears on GGUF
+blocks, ``layers/gguf_linear.py``), ``linear/`` (``packed_linear``, a ``PackedLinear`` inside a
+compiled graph, ``layers/linear.py``), ``norm/`` (``rms_norm``, ``layers/common.py``),
+``sampling/`` (``uniform_noise``, the sampler's noise, ``sample/logits.py``) and ``stack/``
+(``DecoderStack``, ``models/decoder_stack.py``).
+``load()`` compiles every ``csrc/**/*.cpp`` with the system's C++ compiler for
 this CPU (``-march=native``: the kernel is built on the machine it runs on) against
 the installed torch, caches the library under ``~/.cache/draftwise/native`` keyed by
 the source, torch version, CPU, compiler and flags (``build_key``), and registers
@@ -35,8 +37,7 @@ from torch.utils import cpp_extension
 from .cpu_info import cpu_signature
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = tuple(CSRC / name for name in ("cpu_kernels.cpp", "paged_attention.cpp", "gguf_linear.cpp", "gguf_repack.cpp",
-                                         "decoder_stack.cpp", "sample_noise.cpp"))
+SOURCES = tuple(sorted(CSRC.rglob("*.cpp")))
 # Sources whose floating-point order is part of their contract: built without -ffast-math (no
 # reassociation), multiply-adds still fused.
 EXACT_ORDER = ("paged_attention.cpp",)
@@ -76,9 +77,9 @@ def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, packed: 
 def build_key() -> str:
     """What the built library depends on: its source, the torch version, the CPU, the compiler (its
     path and version) and the flags."""
-    sources = sorted(CSRC.glob("*.cpp")) + sorted(CSRC.glob("*.h"))  # headers change the build too
+    sources = sorted(CSRC.rglob("*.cpp")) + sorted(CSRC.rglob("*.h"))  # headers change the build too
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    key = json.dumps([[s.read_text() for s in sources], torch.__version__, cpu_signature(), compiler,
+    key = json.dumps([[(str(s.relative_to(CSRC)), s.read_text()) for s in sources], torch.__version__, cpu_signature(), compiler,
                       _compiler_version(compiler), _flags(),
                       [_source_flags(s) for s in SOURCES]], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -122,7 +123,7 @@ def _build_once(compiler: str, library: Path) -> bool:
 def _build(compiler: str, library: Path) -> bool:
     """Compile each source on its own (as many at once as there are CPUs), then link."""
     partial = f"{library}.{os.getpid()}.tmp"
-    flags = _flags() + [f"-I{p}" for p in cpp_extension.include_paths()]
+    flags = _flags() + [f"-I{p}" for p in (CSRC, *cpp_extension.include_paths())]
     objects = [f"{partial}.{source.stem}.o" for source in SOURCES]
     compiles = [[compiler, "-c", str(source), "-o", obj, *flags, *_source_flags(source)]
                 for source, obj in zip(SOURCES, objects)]

@@ -15,9 +15,9 @@
 //   post_attention(i, x, a)   layer i from its attention output on;
 // the two halves let the caller attend with any kernel (a step mixing prefill chunks and decodes).
 // Rows are independent: a row's result does not depend on the other rows of the call.
-#include "gguf_linear.h"
-#include "paged_attention.h"
-#include "rms_norm.h"
+#include "gguf/gguf_linear.h"
+#include "attention/paged_attention.h"
+#include "norm/rms_norm.h"
 
 #include <ATen/Functions.h>
 #include <c10/util/BFloat16.h>

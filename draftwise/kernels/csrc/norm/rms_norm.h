@@ -1,5 +1,5 @@
-// One row of RMSNorm, shared by the draftwise_cpu::rms_norm op (cpu_kernels.cpp) and the decoder
-// stack (decoder_stack.cpp), so a norm gives the same bits on either path.
+// One row of RMSNorm, shared by the draftwise_cpu::rms_norm op (rms_norm.cpp) and the decoder
+// stack (stack/decoder_stack.cpp), so a norm gives the same bits on either path.
 #pragma once
 
 #include <cmath>

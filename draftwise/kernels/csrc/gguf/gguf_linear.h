@@ -1,4 +1,4 @@
-// The C++ entry points of gguf_linear.cpp, for other kernels of this library (decoder_layers.cpp):
+// The C++ entry points of gguf_linear.cpp, for other kernels of this library (stack/decoder_stack.cpp):
 // the same computation as the draftwise_cpu::gguf_linear op, on raw fp32 buffers.
 #pragma once
 
