@@ -52,7 +52,8 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, {args.dtype}; load average {os.getloadavg()}")
     engines, started = {}, {}
     configs = {"default": {"dtype": "auto"}, "eager": {"dtype": args.dtype, "enforce_eager": True},
-               "compiled": {"dtype": args.dtype, "compilation_config": {"mode": 3, **json.loads(args.compilation_config)}}}
+               "compiled": {"dtype": args.dtype,
+                            "compilation_config": {"mode": 3, **json.loads(args.compilation_config)}}}
     for name, kwargs in configs.items():
         start = time.perf_counter()
         engines[name] = LLM(model=args.model, **kwargs)

@@ -79,7 +79,8 @@ def test_a_model_on_gguf_blocks_runs_its_stack_not_a_compiled_graph(tiny_model_d
     kwargs = dict(model=str(tiny_model_dir), dtype="float32", seed=0, quantization="q4_0")
     with caplog.at_level(logging.WARNING, logger="draftwise"):
         llm = LLM(**kwargs, compilation_config=3)
-    assert llm.llm_engine.compile_seconds == 0.0 and llm.llm_engine.runner.paged.run is llm.llm_engine.runner.paged.model
+    paged = llm.llm_engine.runner.paged
+    assert llm.llm_engine.compile_seconds == 0.0 and paged.run is paged.model
     assert "not applied: the linears run on GGUF blocks" in caplog.text
     assert _tokens(llm) == _tokens(LLM(**kwargs))
 

@@ -5,10 +5,10 @@ mode, as ``-O3`` sets it). Keys:
 
 * ``mode`` (alias ``level``): 0 / ``NONE`` runs eager; 1 ``STOCK_TORCH_COMPILE``,
   2 ``DYNAMO_TRACE_ONCE`` and 3 ``VLLM_COMPILE`` all compile the target's forward
-  (see ``compiled_forward.py``). ``enforce_eager=True`` always runs eager. The
-  default is 0, unlike vLLM's 3: on CPUs the compiled step has not been faster
-  than eager (``benchmarks/bench_compile.py``) and its compile adds tens of seconds
-  to a start, so compiling is asked for (``-O3``), not imposed.
+  (see ``compiled_forward.py``) where its weights are floats; a model on GGUF blocks runs its
+  C++ decoder stack instead (``engine/compile_target.py``). ``enforce_eager=True`` always runs
+  eager. The default is 0, unlike vLLM's 3: the compile adds tens of seconds to a first start,
+  so compiling is asked for (``-O3``), not imposed.
 * ``compile_sizes``: token counts that get a graph of their own (static shapes);
   ``"cudagraph_capture_sizes"`` in the list stands for those sizes.
 * ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size``: the bucket sizes a

@@ -79,7 +79,8 @@ def build_key() -> str:
     path and version) and the flags."""
     sources = sorted(CSRC.rglob("*.cpp")) + sorted(CSRC.rglob("*.h"))  # headers change the build too
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    key = json.dumps([[(str(s.relative_to(CSRC)), s.read_text()) for s in sources], torch.__version__, cpu_signature(), compiler,
+    texts = [(str(source.relative_to(CSRC)), source.read_text()) for source in sources]
+    key = json.dumps([texts, torch.__version__, cpu_signature(), compiler,
                       _compiler_version(compiler), _flags(),
                       [_source_flags(s) for s in SOURCES]], sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
