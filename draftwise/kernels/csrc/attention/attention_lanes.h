@@ -19,6 +19,7 @@ constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t IVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef uint16_t HVec __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 
 inline Vec splat(float x) { return Vec{} + x; }
 
@@ -29,6 +30,31 @@ inline Vec load(const float* p) {
 }
 
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
+// kLanes values of type T (float, or bf16 as its 16 bits) from p, as floats: exact either way.
+template <typename T>
+inline Vec load_as_float(const T* p) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return load(reinterpret_cast<const float*>(p));
+  } else {
+    static_assert(sizeof(T) == sizeof(uint16_t), "float or bf16");
+    HVec bits;
+    std::memcpy(&bits, p, sizeof bits);
+    const IVec words = __builtin_convertvector(bits, IVec) << 16;
+    Vec v;
+    std::memcpy(&v, &words, sizeof v);
+    return v;
+  }
+}
+
+// kDotLanes values from a, then kDotLanes from b, as floats (two keys side by side, pair_key's order).
+template <typename T>
+inline Vec load_pair_as_float(const T* a, const T* b) {
+  T both[kLanes];
+  std::memcpy(both, a, kDotLanes * sizeof(T));
+  std::memcpy(both + kDotLanes, b, kDotLanes * sizeof(T));
+  return load_as_float(both);
+}
 
 inline float lane_max(Vec v) {
   float top = v[0];
@@ -69,30 +95,44 @@ inline float exp_one(float x) { return exp_lanes(splat(x))[0]; }
 // Lane-wise sums: lanes of the pair (a, b) at `lo` plus those at `hi`.
 #define DRAFTWISE_PAIR(a, b, lo, hi) (__builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi))
 
-// Scores of kLanes keys against one query. A score is kDotLanes partial sums over the head dim
-// (lane l sums d = l, l + kDotLanes, ... in order, multiply-adds) folded by one fixed tree (lane
-// l with l + 4, then + 2, then + 1): every score the same operations whichever lane its key takes.
-// `query` is the row's query twice over per kDotLanes dims ([padded_dim / kDotLanes][2][kDotLanes],
-// pair_query), `keys` two keys side by side per kDotLanes dims (pair_keys): one multiply-add
-// serves two keys.
-template <int kVecs>
-__attribute__((always_inline)) inline Vec group_scores(const float* query, int64_t padded_dim, const float* keys) {
+// Scores of kLanes keys (group g of `keys`) against kRows query rows, into out[0 .. kRows). A score
+// is kDotLanes partial sums over the head dim (lane l sums d = l, l + kDotLanes, ... in order,
+// multiply-adds) folded by one fixed tree (lane l with l + 4, then + 2, then + 1): every score the
+// same operations whichever lane its key takes and whichever rows share the call. Row i's query is
+// at query + i * 2 * padded_dim, twice over per kDotLanes dims ([padded_dim / kDotLanes][2][kDotLanes],
+// pair_query); keys.pair(g, k, v) gives keys 2k and 2k + 1 of the group side by side for dims
+// [v * kDotLanes, (v + 1) * kDotLanes): one multiply-add serves two keys, one load every row.
+template <int kVecs, int kRows, typename Keys>
+__attribute__((always_inline)) inline void group_scores(const float* query, int64_t padded_dim, const Keys& keys,
+                                                        int64_t g, Vec* out) {
   const int64_t num_vecs = kVecs > 0 ? 2 * kVecs : 2 * padded_dim / kLanes;  // per key pair
-  Vec pairs[8] = {};  // 8 independent chains side by side: no multiply-add waits on the one before
-  for (int64_t v = 0; v < num_vecs; ++v) {
-    const Vec q = load(query + v * kLanes);
-    for (int k = 0; k < 8; ++k) pairs[k] = pairs[k] + q * load(keys + (k * num_vecs + v) * kLanes);
-  }
   const IVec lo4{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
   const IVec hi4{4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
   const IVec lo2{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
   const IVec hi2{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
   const IVec even{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   const IVec odd{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  Vec fours[4], twos[2];  // 4 keys x 4 lanes, 8 keys x 2 lanes, in key order
-  for (int i = 0; i < 4; ++i) fours[i] = DRAFTWISE_PAIR(pairs[2 * i], pairs[2 * i + 1], lo4, hi4);
-  for (int i = 0; i < 2; ++i) twos[i] = DRAFTWISE_PAIR(fours[2 * i], fours[2 * i + 1], lo2, hi2);
-  return DRAFTWISE_PAIR(twos[0], twos[1], even, odd);
+  Vec twos[kRows][2];  // per row: keys 0-7, then 8-15, two lanes each, in key order
+  for (int half = 0; half < 2; ++half) {
+    Vec pairs[kRows][4] = {};  // independent chains side by side: no multiply-add waits on the one before
+    for (int64_t v = 0; v < num_vecs; ++v) {
+      Vec key[4];
+      for (int k = 0; k < 4; ++k) key[k] = keys.pair(g, 4 * half + k, v);
+      for (int i = 0; i < kRows; ++i) {
+        Vec q = load(query + i * 2 * padded_dim + v * kLanes);
+#if defined(__AVX512F__)
+        __asm__("" : "+v"(q));  // one load per row, held in a register for its 4 multiply-adds
+#endif
+        for (int k = 0; k < 4; ++k) pairs[i][k] = pairs[i][k] + q * key[k];
+      }
+    }
+    for (int i = 0; i < kRows; ++i) {  // 4 keys x 4 lanes each, then 8 keys x 2 lanes
+      const Vec f0 = DRAFTWISE_PAIR(pairs[i][0], pairs[i][1], lo4, hi4);
+      const Vec f1 = DRAFTWISE_PAIR(pairs[i][2], pairs[i][3], lo4, hi4);
+      twos[i][half] = DRAFTWISE_PAIR(f0, f1, lo2, hi2);
+    }
+  }
+  for (int i = 0; i < kRows; ++i) out[i] = DRAFTWISE_PAIR(twos[i][0], twos[i][1], even, odd);
 }
 
 #undef DRAFTWISE_PAIR
@@ -115,16 +155,16 @@ inline float* pair_key(float* tile, int64_t t, int64_t padded_dim) {
 // acc[r] = sum over t in order of weights[r][t] x values[t] for kRows rows from r, the sums in
 // registers; row r's weights are zero from seen[r] on (those keys are skipped: adding zeros changes
 // nothing).
-template <int kVecs, int kRows>
+template <int kVecs, int kRows, typename Values>
 __attribute__((always_inline)) inline void weighted_rows(const float* weights, int64_t r, int64_t num_keys,
-                                                         const int64_t* seen, const float* values,
+                                                         const int64_t* seen, const Values& values,
                                                          int64_t padded_dim, float* acc) {
   Vec sum[kRows][kVecs] = {};
   int64_t end = 0;
   for (int i = 0; i < kRows; ++i) end = end > seen[r + i] ? end : seen[r + i];
   for (int64_t t = 0; t < end; ++t)
     for (int v = 0; v < kVecs; ++v) {
-      const Vec value = load(values + t * padded_dim + v * kLanes);
+      const Vec value = values.value(t, v);
       for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
     }
   for (int i = 0; i < kRows; ++i)
@@ -133,9 +173,9 @@ __attribute__((always_inline)) inline void weighted_rows(const float* weights, i
 
 // weighted_rows for rows [0, num_rows) (acc [num_rows][padded_dim]): as many rows at a time as
 // registers hold, the same arithmetic per row whichever block it falls in.
-template <int kVecs>
+template <int kVecs, typename Values>
 void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen,
-                     const float* values, int64_t padded_dim, float* acc) {
+                     const Values& values, int64_t padded_dim, float* acc) {
   int64_t r = 0;
   if constexpr (kVecs > 0) {
     constexpr int kRows = kVecs <= 4 ? 4 : 2;
@@ -152,7 +192,7 @@ void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, c
     for (int64_t t = 0; t < seen[r]; ++t) {
       const float w = weights[r * num_keys + t];
       for (int64_t v = 0; v < num_vecs; ++v)
-        store(out + v * kLanes, load(out + v * kLanes) + w * load(values + t * padded_dim + v * kLanes));
+        store(out + v * kLanes, load(out + v * kLanes) + w * values.value(t, v));
     }
   }
 }

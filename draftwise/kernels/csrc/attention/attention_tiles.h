@@ -1,6 +1,9 @@
 // The paged attention kernel's view of one call (Problem, Span) and how it reads the cache: a
-// span's scaled queries (prepare_rows) and one chunk of keys and values of consecutive kv heads
-// converted to fp32 tiles in group_scores' layout (load_tiles). Used by paged_attention.cpp only.
+// span's scaled queries (prepare_rows), and one chunk of keys and values of consecutive kv heads
+// either read where they lie (RowSource over cache_rows' pointers, after touch_rows streamed the
+// chunk's whole rows in) or converted to fp32 tiles in group_scores' layout (TileSource over
+// load_tiles). Both give group_scores and weighted_values the same floats. Used by
+// paged_attention.cpp only.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -59,6 +62,7 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
 // What one item works in: its rows' scaled queries, one chunk's keys and values, scores / weights.
 struct Scratch {
   std::vector<float> query, keys, values, weights, packed, row;
+  std::vector<const void*> key_rows, value_rows;  // cache_rows: per key, where its row lies
   std::vector<RowKeys> rows;
   std::vector<int64_t> rows_at;  // per key of the chunk: its row's offset in the cache
   std::vector<int64_t> seen;  // per row: keys of the chunk it may see (its weights are zero past them)
@@ -113,22 +117,28 @@ inline void prefetch_rows(const Inputs<T>& in, int64_t at, int64_t num_values) {
 // rows of a key are read as one run.
 inline int64_t tile_floats(const Problem& p, int64_t n) { return (n + kLanes - 1) / kLanes * kLanes * p.padded_dim; }
 
+// s.rows_at[t]: where key first + t of sequence `seq` has its kv head h0's row (t < n), a block at a time.
+inline void row_offsets(const Problem& p, int64_t seq, int64_t h0, int64_t first, int64_t n, Scratch& s) {
+  const int64_t stride = p.num_kv_heads * p.head_dim;  // between a block's slots
+  s.rows_at.resize(n);
+  for (int64_t t = 0; t < n;) {
+    const int64_t j = first + t, in_block = std::min(p.block_size - j % p.block_size, n - t);
+    const int64_t base = ((p.table[seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size) *
+                          p.num_kv_heads + h0) * p.head_dim;
+    for (int64_t i = 0; i < in_block; ++i) s.rows_at[t + i] = base + i * stride;
+    t += in_block;
+  }
+}
+
 template <typename T>
 inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64_t h0, int64_t nh, int64_t first, int64_t n,
                 Scratch& s) {
   const int64_t D = p.head_dim, P = p.padded_dim, num_keys = (n + kLanes - 1) / kLanes * kLanes;
-  const int64_t stride = p.num_kv_heads * D, tile = tile_floats(p, n);  // stride: between a block's slots
+  const int64_t tile = tile_floats(p, n);
   s.keys.resize(nh * tile);
   s.values.resize(nh * tile);
   s.row.assign(P, 0.f);
-  s.rows_at.resize(n);
-  for (int64_t t = 0; t < n;) {  // each key's first row offset, a block at a time
-    const int64_t j = first + t, in_block = std::min(p.block_size - j % p.block_size, n - t);
-    const int64_t base = ((p.table[seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size) *
-                          p.num_kv_heads + h0) * D;
-    for (int64_t i = 0; i < in_block; ++i) s.rows_at[t + i] = base + i * stride;
-    t += in_block;
-  }
+  row_offsets(p, seq, h0, first, n, s);
   for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_rows(in, s.rows_at[t], nh * D);
   for (int64_t t = 0; t < num_keys; ++t) {
     if (t < n && t + kPrefetchKeys < n) prefetch_rows(in, s.rows_at[t + kPrefetchKeys], nh * D);
@@ -152,6 +162,64 @@ inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64
       std::fill(value + D, value + P, 0.f);
     }
   }
+}
+
+// A chunk's keys and values in fp32 tiles (load_tiles: keys in pair_key's layout, values
+// [key][padded_dim]), as group_scores and weighted_values read them.
+struct TileSource {
+  const float* keys;
+  const float* values;
+  int64_t padded_dim;
+
+  Vec pair(int64_t g, int k, int64_t v) const {
+    return load(keys + g * kLanes * padded_dim + (k * 2 * padded_dim / kLanes + v) * kLanes);
+  }
+  Vec value(int64_t t, int64_t v) const { return load(values + t * padded_dim + v * kLanes); }
+};
+
+// A chunk's keys and values read where they lie in the cache (head_dim == padded_dim): per key of
+// the chunk its key row and value row (cache_rows), rows past the chunk's keys a row of zeros, so
+// the floats are those load_tiles would write.
+template <typename T>
+struct RowSource {
+  const T* const* keys;
+  const T* const* values;
+
+  Vec pair(int64_t g, int k, int64_t v) const {
+    const int64_t t = g * kLanes + 2 * k;
+    return load_pair_as_float(keys[t] + v * kDotLanes, keys[t + 1] + v * kDotLanes);
+  }
+  Vec value(int64_t t, int64_t v) const { return load_as_float(values[t] + v * kLanes); }
+};
+
+// Reads every cache line of the chunk's rows of nh kv heads (row_offsets done), key after key: the
+// rows lie side by side in a slot, so this streams them into the CPU's caches in whole runs, which
+// the hardware prefetcher follows; the kv heads' passes over them then hit those caches.
+template <typename T>
+inline void touch_rows(const Inputs<T>& in, const Scratch& s, int64_t nh, int64_t head_dim, int64_t n) {
+  uint32_t sink = 0;
+  const int64_t bytes = nh * head_dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t t = 0; t < n; ++t) {
+    const unsigned char* k = reinterpret_cast<const unsigned char*>(in.k_cache + s.rows_at[t]);
+    const unsigned char* v = reinterpret_cast<const unsigned char*>(in.v_cache + s.rows_at[t]);
+    for (int64_t b = 0; b < bytes; b += 64) sink += k[b] + v[b];
+  }
+  asm volatile("" : : "r"(sink));  // the loads happen
+}
+
+// RowSource of kv head h0 + h of the chunk (row_offsets done for n keys): num_keys (n rounded up
+// to kLanes) row pointers each, those past n at `zeros` (padded_dim zeros).
+template <typename T>
+inline RowSource<T> cache_rows(const Problem& p, const Inputs<T>& in, int64_t h, int64_t n, const T* zeros,
+                               Scratch& s) {
+  const int64_t num_keys = (n + kLanes - 1) / kLanes * kLanes;
+  s.key_rows.resize(num_keys);
+  s.value_rows.resize(num_keys);
+  for (int64_t t = 0; t < num_keys; ++t) {
+    s.key_rows[t] = t < n ? in.k_cache + s.rows_at[t] + h * p.head_dim : zeros;
+    s.value_rows[t] = t < n ? in.v_cache + s.rows_at[t] + h * p.head_dim : zeros;
+  }
+  return {reinterpret_cast<const T* const*>(s.key_rows.data()), reinterpret_cast<const T* const*>(s.value_rows.data())};
 }
 
 }  // namespace draftwise_attention

@@ -67,11 +67,30 @@ int64_t chunk_end(const Scratch& s, int64_t first) {
   return end;
 }
 
-// The chunk [first, end) for every row of `span` (prepare_rows done) from its kv head's tiles
-// (load_tiles of end - first keys): each row's (max, sum, acc) into `out`.
-template <int kVecs>
-void attend_tiles(const Problem& p, int64_t first, int64_t end, const float* keys, const float* values, Scratch& s,
-                  const Partial& out) {
+#if defined(__AVX512F__)
+constexpr int kScoreRows = 4;  // query rows scored together (their queries and 4 keys' pairs in registers)
+#else
+constexpr int kScoreRows = 1;
+#endif
+
+// Scores of rows [r, r + kRows) (prepare_rows done, s.seen set) over the groups each sees, into s.weights.
+template <int kVecs, int kRows, typename Keys>
+void score_block(const Problem& p, int64_t r, int64_t num_groups, const Keys& keys, Scratch& s) {
+  const int64_t P = p.padded_dim;
+  int64_t groups = 0;
+  for (int i = 0; i < kRows; ++i) groups = std::max(groups, s.seen[r + i] / kLanes);
+  Vec scores[kRows];
+  for (int64_t g = 0; g < groups; ++g) {
+    group_scores<kVecs, kRows>(s.query.data() + r * 2 * P, P, keys, g, scores);
+    for (int i = 0; i < kRows; ++i)
+      if (g * kLanes < s.seen[r + i]) store(s.weights.data() + ((r + i) * num_groups + g) * kLanes, scores[i]);
+  }
+}
+
+// The chunk [first, end) for every row of `span` (prepare_rows done) from its kv head's keys and
+// values (TileSource or RowSource of end - first keys): each row's (max, sum, acc) into `out`.
+template <int kVecs, typename Keys>
+void attend_tiles(const Problem& p, int64_t first, int64_t end, const Keys& keys, Scratch& s, const Partial& out) {
   const int64_t num_rows = static_cast<int64_t>(s.rows.size());
   const int64_t num_groups = (end - first + kLanes - 1) / kLanes;
   if (num_groups == 0 || end <= first) {
@@ -81,18 +100,20 @@ void attend_tiles(const Problem& p, int64_t first, int64_t end, const float* key
   s.weights.resize(num_rows * num_groups * kLanes);
   s.packed.resize(kChunkKeys);
   s.seen.resize(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    float* w = s.weights.data() + r * num_groups * kLanes;
+  for (int64_t r = 0; r < num_rows; ++r) {  // the groups a row sees; -inf past them
     const RowKeys& row = s.rows[r];
     const int64_t row_groups = row.hi <= first ? 0 : std::min(num_groups, (row.hi - first + kLanes - 1) / kLanes);
-    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
-    for (int64_t g = 0; g < row_groups; ++g)
-      store(w + g * kLanes, group_scores<kVecs>(s.query.data() + r * 2 * p.padded_dim, p.padded_dim,
-                                                keys + g * kLanes * p.padded_dim));
-    std::tie(out.max[r], out.sum[r]) = row_weights(w, num_groups, first, row, s.packed.data());
     s.seen[r] = row_groups * kLanes;
+    float* w = s.weights.data() + r * num_groups * kLanes;
+    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
   }
-  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), values, p.padded_dim,
+  int64_t r = 0;
+  for (; r + kScoreRows <= num_rows; r += kScoreRows) score_block<kVecs, kScoreRows>(p, r, num_groups, keys, s);
+  for (; r < num_rows; ++r) score_block<kVecs, 1>(p, r, num_groups, keys, s);
+  for (int64_t r = 0; r < num_rows; ++r)
+    std::tie(out.max[r], out.sum[r]) =
+        row_weights(s.weights.data() + r * num_groups * kLanes, num_groups, first, s.rows[r], s.packed.data());
+  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), keys, p.padded_dim,
                          out.acc);
 }
 
@@ -103,7 +124,7 @@ void attend_chunk(const Problem& p, const Inputs<T>& in, const Span& span, int64
                   const Partial& out) {
   const int64_t end = chunk_end(s, first);
   if (end > first) load_tiles(p, in, span.seq, span.kv_head, 1, first, end - first, s);
-  attend_tiles<kVecs>(p, first, end, s.keys.data(), s.values.data(), s, out);
+  attend_tiles<kVecs>(p, first, end, TileSource{s.keys.data(), s.values.data(), p.padded_dim}, s, out);
 }
 
 // Runs `work(i)` for i in [0, n) on torch's threads, each taking the next item when it is free.
@@ -220,17 +241,30 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
   const std::vector<Unit> units = chunk_units(p, spans, span_items);
   dynamic_for(static_cast<int64_t>(units.size()), [&](int64_t u) {
     thread_local Scratch s;
+    thread_local std::vector<T> zeros;
     const Unit& unit = units[u];
+    const Span& lead = spans[unit.span];
     const int64_t first = items[span_items[unit.span] + unit.chunk].first;
-    prepare_rows(p, in, spans[unit.span], s);  // the unit's spans share their rows' keys (one sequence)
-    const int64_t end = chunk_end(s, first), tile = tile_floats(p, end - first);
-    if (end > first) load_tiles(p, in, spans[unit.span].seq, spans[unit.span].kv_head, unit.num_spans, first,
-                                end - first, s);
+    prepare_rows(p, in, lead, s);  // the unit's spans share their rows' keys (one sequence)
+    const int64_t end = chunk_end(s, first), n = end - first, tile = tile_floats(p, n);
+    const bool in_place = p.head_dim == P;  // rows hold whole kLanes pieces: read where they lie
+    if (in_place) {
+      zeros.assign(P, T(0.f));
+      row_offsets(p, lead.seq, lead.kv_head, first, n, s);
+      touch_rows(in, s, unit.num_spans, p.head_dim, n);
+    } else if (n > 0) {
+      load_tiles(p, in, lead.seq, lead.kv_head, unit.num_spans, first, n, s);
+    }
     for (int64_t h = 0; h < unit.num_spans; ++h) {
       const int64_t i = unit.span + h, offset = items[span_items[i] + unit.chunk].offset;
       if (h > 0) prepare_rows(p, in, spans[i], s);
-      attend_tiles<kVecs>(p, first, end, s.keys.data() + h * tile, s.values.data() + h * tile, s,
-                          {max.data() + offset, sum.data() + offset, acc.data() + offset * P});
+      const Partial part{max.data() + offset, sum.data() + offset, acc.data() + offset * P};
+      if (in_place) {
+        attend_tiles<kVecs>(p, first, end, cache_rows(p, in, h, n, zeros.data(), s), s, part);
+      } else {
+        attend_tiles<kVecs>(p, first, end, TileSource{s.keys.data() + h * tile, s.values.data() + h * tile, P}, s,
+                            part);
+      }
       if (pending[i].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(i);
     }
   });
