@@ -109,7 +109,10 @@ void attend_tiles(const Problem& p, int64_t first, int64_t end, const Keys& keys
   }
   int64_t r = 0;
   for (; r + kScoreRows <= num_rows; r += kScoreRows) score_block<kVecs, kScoreRows>(p, r, num_groups, keys, s);
-  for (; r < num_rows; ++r) score_block<kVecs, 1>(p, r, num_groups, keys, s);
+  const int64_t rest = num_rows - r;  // fewer than kScoreRows: one block, each key pair loaded once for them
+  if (rest == 3) score_block<kVecs, 3>(p, r, num_groups, keys, s);
+  if (rest == 2) score_block<kVecs, 2>(p, r, num_groups, keys, s);
+  if (rest == 1) score_block<kVecs, 1>(p, r, num_groups, keys, s);
   for (int64_t r = 0; r < num_rows; ++r)
     std::tie(out.max[r], out.sum[r]) =
         row_weights(s.weights.data() + r * num_groups * kLanes, num_groups, first, s.rows[r], s.packed.data());
@@ -247,7 +250,9 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
     const int64_t first = items[span_items[unit.span] + unit.chunk].first;
     prepare_rows(p, in, lead, s);  // the unit's spans share their rows' keys (one sequence)
     const int64_t end = chunk_end(s, first), n = end - first, tile = tile_floats(p, n);
-    const bool in_place = p.head_dim == P;  // rows hold whole kLanes pieces: read where they lie
+    // Read where they lie when a head's rows are one score block (each key converted once per block);
+    // more rows amortize converting the chunk into tiles once. Both give the same floats.
+    const bool in_place = p.head_dim == P && lead.count * p.group <= kScoreRows;
     if (in_place) {
       zeros.assign(P, T(0.f));
       row_offsets(p, lead.seq, lead.kv_head, first, n, s);
