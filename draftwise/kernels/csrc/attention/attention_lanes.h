@@ -152,17 +152,21 @@ inline float* pair_key(float* tile, int64_t t, int64_t padded_dim) {
   return tile + (t / 2) * 2 * padded_dim + (t % 2) * kDotLanes;
 }
 
-// acc[r] = sum over t in order of weights[r][t] x values[t] for kRows rows from r, the sums in
-// registers; row r's weights are zero from seen[r] on (those keys are skipped: adding zeros changes
-// nothing).
+// acc[r + i] += sum over t in [t0, t1), in order, of weights[r + i][t] x values[t], for kRows rows
+// from r, the sums in registers in between; row r's weights are zero from seen[r] on (those keys
+// are skipped: adding zeros changes nothing). Called over consecutive spans of keys from an acc of
+// zeros, it sums exactly as one call over all of them.
 template <int kVecs, int kRows, typename Values>
-__attribute__((always_inline)) inline void weighted_rows(const float* weights, int64_t r, int64_t num_keys,
-                                                         const int64_t* seen, const Values& values,
-                                                         int64_t padded_dim, float* acc) {
-  Vec sum[kRows][kVecs] = {};
-  int64_t end = 0;
-  for (int i = 0; i < kRows; ++i) end = end > seen[r + i] ? end : seen[r + i];
-  for (int64_t t = 0; t < end; ++t)
+__attribute__((always_inline)) inline void weighted_span(const float* weights, int64_t r, int64_t num_keys,
+                                                         const int64_t* seen, int64_t t0, int64_t t1,
+                                                         const Values& values, int64_t padded_dim, float* acc) {
+  int64_t end = t0;
+  for (int i = 0; i < kRows; ++i) end = std::max(end, std::min(t1, seen[r + i]));
+  if (end <= t0) return;
+  Vec sum[kRows][kVecs];
+  for (int i = 0; i < kRows; ++i)
+    for (int v = 0; v < kVecs; ++v) sum[i][v] = load(acc + (r + i) * padded_dim + v * kLanes);
+  for (int64_t t = t0; t < end; ++t)
     for (int v = 0; v < kVecs; ++v) {
       const Vec value = values.value(t, v);
       for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
@@ -171,18 +175,27 @@ __attribute__((always_inline)) inline void weighted_rows(const float* weights, i
     for (int v = 0; v < kVecs; ++v) store(acc + (r + i) * padded_dim + v * kLanes, sum[i][v]);
 }
 
-// weighted_rows for rows [0, num_rows) (acc [num_rows][padded_dim]): as many rows at a time as
+// weighted_span for rows [0, num_rows) (acc [num_rows][padded_dim]): as many rows at a time as
 // registers hold, the same arithmetic per row whichever block it falls in.
+template <int kVecs, typename Values>
+inline void weighted_span_rows(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen,
+                               int64_t t0, int64_t t1, const Values& values, int64_t padded_dim, float* acc) {
+  constexpr int kRows = kVecs <= 4 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + kRows <= num_rows; r += kRows)
+    weighted_span<kVecs, kRows>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
+  for (; r + 2 <= num_rows; r += 2) weighted_span<kVecs, 2>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
+  for (; r < num_rows; ++r) weighted_span<kVecs, 1>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
+}
+
+// weighted_values: every row's acc over all num_keys keys (acc [num_rows][padded_dim], overwritten).
 template <int kVecs, typename Values>
 void weighted_values(const float* weights, int64_t num_rows, int64_t num_keys, const int64_t* seen,
                      const Values& values, int64_t padded_dim, float* acc) {
   int64_t r = 0;
   if constexpr (kVecs > 0) {
-    constexpr int kRows = kVecs <= 4 ? 4 : 2;
-    for (; r + kRows <= num_rows; r += kRows)
-      weighted_rows<kVecs, kRows>(weights, r, num_keys, seen, values, padded_dim, acc);
-    for (; r + 2 <= num_rows; r += 2) weighted_rows<kVecs, 2>(weights, r, num_keys, seen, values, padded_dim, acc);
-    for (; r < num_rows; ++r) weighted_rows<kVecs, 1>(weights, r, num_keys, seen, values, padded_dim, acc);
+    std::fill(acc, acc + num_rows * padded_dim, 0.f);
+    weighted_span_rows<kVecs>(weights, num_rows, num_keys, seen, 0, num_keys, values, padded_dim, acc);
     return;
   }
   const int64_t num_vecs = padded_dim / kLanes;

@@ -117,15 +117,15 @@ inline void prefetch_rows(const Inputs<T>& in, int64_t at, int64_t num_values) {
 // rows of a key are read as one run.
 inline int64_t tile_floats(const Problem& p, int64_t n) { return (n + kLanes - 1) / kLanes * kLanes * p.padded_dim; }
 
-// s.rows_at[t]: where key first + t of sequence `seq` has its kv head h0's row (t < n), a block at a time.
-inline void row_offsets(const Problem& p, int64_t seq, int64_t h0, int64_t first, int64_t n, Scratch& s) {
+// at[t]: where key first + t of sequence `seq` has its kv head h0's row (t < n), a block at a time.
+inline void row_offsets(const Problem& p, int64_t seq, int64_t h0, int64_t first, int64_t n, std::vector<int64_t>& at) {
   const int64_t stride = p.num_kv_heads * p.head_dim;  // between a block's slots
-  s.rows_at.resize(n);
+  at.resize(n);
   for (int64_t t = 0; t < n;) {
     const int64_t j = first + t, in_block = std::min(p.block_size - j % p.block_size, n - t);
     const int64_t base = ((p.table[seq * p.table_width + j / p.block_size] * p.block_size + j % p.block_size) *
                           p.num_kv_heads + h0) * p.head_dim;
-    for (int64_t i = 0; i < in_block; ++i) s.rows_at[t + i] = base + i * stride;
+    for (int64_t i = 0; i < in_block; ++i) at[t + i] = base + i * stride;
     t += in_block;
   }
 }
@@ -138,7 +138,7 @@ inline void load_tiles(const Problem& p, const Inputs<T>& in, int64_t seq, int64
   s.keys.resize(nh * tile);
   s.values.resize(nh * tile);
   s.row.assign(P, 0.f);
-  row_offsets(p, seq, h0, first, n, s);
+  row_offsets(p, seq, h0, first, n, s.rows_at);
   for (int64_t t = 0; t < std::min(n, kPrefetchKeys); ++t) prefetch_rows(in, s.rows_at[t], nh * D);
   for (int64_t t = 0; t < num_keys; ++t) {
     if (t < n && t + kPrefetchKeys < n) prefetch_rows(in, s.rows_at[t + kPrefetchKeys], nh * D);
@@ -207,17 +207,17 @@ inline void touch_rows(const Inputs<T>& in, const Scratch& s, int64_t nh, int64_
   asm volatile("" : : "r"(sink));  // the loads happen
 }
 
-// RowSource of kv head h0 + h of the chunk (row_offsets done for n keys): num_keys (n rounded up
+// RowSource of kv head h0 + h of the chunk (rows_at: row_offsets of h0 for n keys): num_keys (n rounded up
 // to kLanes) row pointers each, those past n at `zeros` (padded_dim zeros).
 template <typename T>
-inline RowSource<T> cache_rows(const Problem& p, const Inputs<T>& in, int64_t h, int64_t n, const T* zeros,
-                               Scratch& s) {
+inline RowSource<T> cache_rows(const Problem& p, const Inputs<T>& in, const std::vector<int64_t>& rows_at, int64_t h,
+                               int64_t n, const T* zeros, Scratch& s) {
   const int64_t num_keys = (n + kLanes - 1) / kLanes * kLanes;
   s.key_rows.resize(num_keys);
   s.value_rows.resize(num_keys);
   for (int64_t t = 0; t < num_keys; ++t) {
-    s.key_rows[t] = t < n ? in.k_cache + s.rows_at[t] + h * p.head_dim : zeros;
-    s.value_rows[t] = t < n ? in.v_cache + s.rows_at[t] + h * p.head_dim : zeros;
+    s.key_rows[t] = t < n ? in.k_cache + rows_at[t] + h * p.head_dim : zeros;
+    s.value_rows[t] = t < n ? in.v_cache + rows_at[t] + h * p.head_dim : zeros;
   }
   return {reinterpret_cast<const T* const*>(s.key_rows.data()), reinterpret_cast<const T* const*>(s.value_rows.data())};
 }

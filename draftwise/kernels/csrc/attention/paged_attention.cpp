@@ -51,7 +51,7 @@
 #include <memory>
 #include <vector>
 
-#include "attention_tiles.h"
+#include "attention_chunk.h"
 
 namespace {
 
@@ -65,59 +65,6 @@ int64_t chunk_end(const Scratch& s, int64_t first) {
   int64_t end = first;
   for (const RowKeys& keys : s.rows) end = std::max(end, std::min(keys.hi, first + kChunkKeys));
   return end;
-}
-
-#if defined(__AVX512F__)
-constexpr int kScoreRows = 4;  // query rows scored together (their queries and 4 keys' pairs in registers)
-#else
-constexpr int kScoreRows = 1;
-#endif
-
-// Scores of rows [r, r + kRows) (prepare_rows done, s.seen set) over the groups each sees, into s.weights.
-template <int kVecs, int kRows, typename Keys>
-void score_block(const Problem& p, int64_t r, int64_t num_groups, const Keys& keys, Scratch& s) {
-  const int64_t P = p.padded_dim;
-  int64_t groups = 0;
-  for (int i = 0; i < kRows; ++i) groups = std::max(groups, s.seen[r + i] / kLanes);
-  Vec scores[kRows];
-  for (int64_t g = 0; g < groups; ++g) {
-    group_scores<kVecs, kRows>(s.query.data() + r * 2 * P, P, keys, g, scores);
-    for (int i = 0; i < kRows; ++i)
-      if (g * kLanes < s.seen[r + i]) store(s.weights.data() + ((r + i) * num_groups + g) * kLanes, scores[i]);
-  }
-}
-
-// The chunk [first, end) for every row of `span` (prepare_rows done) from its kv head's keys and
-// values (TileSource or RowSource of end - first keys): each row's (max, sum, acc) into `out`.
-template <int kVecs, typename Keys>
-void attend_tiles(const Problem& p, int64_t first, int64_t end, const Keys& keys, Scratch& s, const Partial& out) {
-  const int64_t num_rows = static_cast<int64_t>(s.rows.size());
-  const int64_t num_groups = (end - first + kLanes - 1) / kLanes;
-  if (num_groups == 0 || end <= first) {
-    std::fill(out.sum, out.sum + num_rows, 0.f);
-    return;
-  }
-  s.weights.resize(num_rows * num_groups * kLanes);
-  s.packed.resize(kChunkKeys);
-  s.seen.resize(num_rows);
-  for (int64_t r = 0; r < num_rows; ++r) {  // the groups a row sees; -inf past them
-    const RowKeys& row = s.rows[r];
-    const int64_t row_groups = row.hi <= first ? 0 : std::min(num_groups, (row.hi - first + kLanes - 1) / kLanes);
-    s.seen[r] = row_groups * kLanes;
-    float* w = s.weights.data() + r * num_groups * kLanes;
-    std::fill(w + row_groups * kLanes, w + num_groups * kLanes, kMinusInf);
-  }
-  int64_t r = 0;
-  for (; r + kScoreRows <= num_rows; r += kScoreRows) score_block<kVecs, kScoreRows>(p, r, num_groups, keys, s);
-  const int64_t rest = num_rows - r;  // fewer than kScoreRows: one block, each key pair loaded once for them
-  if (rest == 3) score_block<kVecs, 3>(p, r, num_groups, keys, s);
-  if (rest == 2) score_block<kVecs, 2>(p, r, num_groups, keys, s);
-  if (rest == 1) score_block<kVecs, 1>(p, r, num_groups, keys, s);
-  for (int64_t r = 0; r < num_rows; ++r)
-    std::tie(out.max[r], out.sum[r]) =
-        row_weights(s.weights.data() + r * num_groups * kLanes, num_groups, first, s.rows[r], s.packed.data());
-  weighted_values<kVecs>(s.weights.data(), num_rows, num_groups * kLanes, s.seen.data(), keys, p.padded_dim,
-                         out.acc);
 }
 
 // One chunk [first, first + kChunkKeys) for every row of `span` (prepare_rows done): each row's
@@ -250,28 +197,32 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
     const int64_t first = items[span_items[unit.span] + unit.chunk].first;
     prepare_rows(p, in, lead, s);  // the unit's spans share their rows' keys (one sequence)
     const int64_t end = chunk_end(s, first), n = end - first, tile = tile_floats(p, n);
+    std::vector<Partial> parts;
+    for (int64_t h = 0; h < unit.num_spans; ++h) {
+      const int64_t offset = items[span_items[unit.span + h] + unit.chunk].offset;
+      parts.push_back({max.data() + offset, sum.data() + offset, acc.data() + offset * P});
+    }
     // Read where they lie when a head's rows are one score block (each key converted once per block);
     // more rows amortize converting the chunk into tiles once. Both give the same floats.
     const bool in_place = p.head_dim == P && lead.count * p.group <= kScoreRows;
     if (in_place) {
       zeros.assign(P, T(0.f));
-      row_offsets(p, lead.seq, lead.kv_head, first, n, s);
+      row_offsets(p, lead.seq, lead.kv_head, first, n, s.rows_at);
       touch_rows(in, s, unit.num_spans, p.head_dim, n);
     } else if (n > 0) {
       load_tiles(p, in, lead.seq, lead.kv_head, unit.num_spans, first, n, s);
     }
     for (int64_t h = 0; h < unit.num_spans; ++h) {
-      const int64_t i = unit.span + h, offset = items[span_items[i] + unit.chunk].offset;
-      if (h > 0) prepare_rows(p, in, spans[i], s);
-      const Partial part{max.data() + offset, sum.data() + offset, acc.data() + offset * P};
+      if (h > 0) prepare_rows(p, in, spans[unit.span + h], s);
       if (in_place) {
-        attend_tiles<kVecs>(p, first, end, cache_rows(p, in, h, n, zeros.data(), s), s, part);
+        attend_tiles<kVecs>(p, first, end, cache_rows(p, in, s.rows_at, h, n, zeros.data(), s), s, parts[h]);
       } else {
         attend_tiles<kVecs>(p, first, end, TileSource{s.keys.data() + h * tile, s.values.data() + h * tile, P}, s,
-                            part);
+                            parts[h]);
       }
-      if (pending[i].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(i);
     }
+    for (int64_t h = 0; h < unit.num_spans; ++h)
+      if (pending[unit.span + h].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(unit.span + h);
   });
 }
 
