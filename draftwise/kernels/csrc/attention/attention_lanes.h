@@ -156,7 +156,9 @@ inline float* pair_key(float* tile, int64_t t, int64_t padded_dim) {
 // from r, the sums in registers in between; row r's weights are zero from seen[r] on (those keys
 // are skipped: adding zeros changes nothing). Called over consecutive spans of keys from an acc of
 // zeros, it sums exactly as one call over all of them.
-template <int kVecs, int kRows, typename Values>
+// Only the value vectors [kV0, kV0 + kVecs) of each row (dims kV0 * kLanes on): a row's other
+// vectors are other sums, so splitting the dims changes no value.
+template <int kVecs, int kRows, int kV0 = 0, typename Values>
 __attribute__((always_inline)) inline void weighted_span(const float* weights, int64_t r, int64_t num_keys,
                                                          const int64_t* seen, int64_t t0, int64_t t1,
                                                          const Values& values, int64_t padded_dim, float* acc) {
@@ -165,14 +167,14 @@ __attribute__((always_inline)) inline void weighted_span(const float* weights, i
   if (end <= t0) return;
   Vec sum[kRows][kVecs];
   for (int i = 0; i < kRows; ++i)
-    for (int v = 0; v < kVecs; ++v) sum[i][v] = load(acc + (r + i) * padded_dim + v * kLanes);
+    for (int v = 0; v < kVecs; ++v) sum[i][v] = load(acc + (r + i) * padded_dim + (kV0 + v) * kLanes);
   for (int64_t t = t0; t < end; ++t)
     for (int v = 0; v < kVecs; ++v) {
-      const Vec value = values.value(t, v);
+      const Vec value = values.value(t, kV0 + v);
       for (int i = 0; i < kRows; ++i) sum[i][v] = sum[i][v] + weights[(r + i) * num_keys + t] * value;
     }
   for (int i = 0; i < kRows; ++i)
-    for (int v = 0; v < kVecs; ++v) store(acc + (r + i) * padded_dim + v * kLanes, sum[i][v]);
+    for (int v = 0; v < kVecs; ++v) store(acc + (r + i) * padded_dim + (kV0 + v) * kLanes, sum[i][v]);
 }
 
 // weighted_span for rows [0, num_rows) (acc [num_rows][padded_dim]): as many rows at a time as
@@ -182,6 +184,12 @@ inline void weighted_span_rows(const float* weights, int64_t num_rows, int64_t n
                                int64_t t0, int64_t t1, const Values& values, int64_t padded_dim, float* acc) {
   constexpr int kRows = kVecs <= 4 ? 4 : 2;
   int64_t r = 0;
+  if constexpr (kVecs == 8) {  // four rows, half the dims at a time: each value vector read once for them
+    for (; r + 4 <= num_rows; r += 4) {
+      weighted_span<4, 4, 0>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
+      weighted_span<4, 4, 4>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
+    }
+  }
   for (; r + kRows <= num_rows; r += kRows)
     weighted_span<kVecs, kRows>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
   for (; r + 2 <= num_rows; r += 2) weighted_span<kVecs, 2>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
