@@ -112,6 +112,18 @@ __attribute__((always_inline)) inline void group_scores(const float* query, int6
   const IVec hi2{2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
   const IVec even{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
   const IVec odd{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  if constexpr (kRows == 1) {  // one row: its 8 key pairs' chains in one pass over the dims
+    Vec pairs[8] = {};
+    for (int64_t v = 0; v < num_vecs; ++v) {
+      const Vec q = load(query + v * kLanes);
+      for (int k = 0; k < 8; ++k) pairs[k] = pairs[k] + q * keys.pair(g, k, v);
+    }
+    Vec fours[4], twos[2];  // 4 keys x 4 lanes, 8 keys x 2 lanes, in key order
+    for (int i = 0; i < 4; ++i) fours[i] = DRAFTWISE_PAIR(pairs[2 * i], pairs[2 * i + 1], lo4, hi4);
+    for (int i = 0; i < 2; ++i) twos[i] = DRAFTWISE_PAIR(fours[2 * i], fours[2 * i + 1], lo2, hi2);
+    out[0] = DRAFTWISE_PAIR(twos[0], twos[1], even, odd);
+    return;
+  }
   Vec twos[kRows][2];  // per row: keys 0-7, then 8-15, two lanes each, in key order
   for (int half = 0; half < 2; ++half) {
     Vec pairs[kRows][4] = {};  // independent chains side by side: no multiply-add waits on the one before
@@ -184,12 +196,14 @@ inline void weighted_span_rows(const float* weights, int64_t num_rows, int64_t n
                                int64_t t0, int64_t t1, const Values& values, int64_t padded_dim, float* acc) {
   constexpr int kRows = kVecs <= 4 ? 4 : 2;
   int64_t r = 0;
+#if defined(__AVX512F__)
   if constexpr (kVecs == 8) {  // four rows, half the dims at a time: each value vector read once for them
     for (; r + 4 <= num_rows; r += 4) {
       weighted_span<4, 4, 0>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
       weighted_span<4, 4, 4>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
     }
   }
+#endif
   for (; r + kRows <= num_rows; r += kRows)
     weighted_span<kVecs, kRows>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
   for (; r + 2 <= num_rows; r += 2) weighted_span<kVecs, 2>(weights, r, num_keys, seen, t0, t1, values, padded_dim, acc);
