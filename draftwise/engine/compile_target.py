@@ -25,7 +25,7 @@ def why_not_compiled(model, tensor_parallel: bool) -> str | None:
     """Why a target with ``compilation_config`` mode > 0 runs uncompiled; None where it compiles."""
     if tensor_parallel:
         return "tensor_parallel_size > 1: every rank runs its shard eagerly"
-    if getattr(model, "num_gguf_linears", 0):
+    if model.num_gguf_linears:
         return "the linears run on GGUF blocks, as the C++ decoder stack (faster than a compiled float forward)"
     return None
 

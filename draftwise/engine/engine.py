@@ -128,10 +128,11 @@ class LLMEngine:
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler.rule(), self.structured)
         max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
         self.compile_seconds = 0.0
-        uncompiled = why_not_compiled(model, self.executor is not None)
-        if config.compilation.resolved_mode(config.enforce_eager) != 0 and uncompiled:
+        compiles = config.compilation.resolved_mode(config.enforce_eager) != 0
+        uncompiled = compiles and why_not_compiled(model, self.executor is not None)
+        if uncompiled:
             logger.warning("draftwise: compilation_config mode > 0 is not applied: %s", uncompiled)
-        elif config.compilation.resolved_mode(config.enforce_eager) != 0:
+        elif compiles:
             self.compile_seconds = compile_target(paged, self.block_manager, config.compilation, max_batched,
                                                   self.needs.aux_layer_ids, self.device)
         if self.executor is None:  # CUDA graphs, on a GPU (paged.static_step)

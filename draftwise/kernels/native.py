@@ -77,7 +77,7 @@ def gguf_linear_fake(x: torch.Tensor, weight: torch.Tensor, qtype: int, packed: 
 def build_key() -> str:
     """What the built library depends on: its source, the torch version, the CPU, the compiler (its
     path and version) and the flags."""
-    sources = sorted(CSRC.rglob("*.cpp")) + sorted(CSRC.rglob("*.h"))  # headers change the build too
+    sources = [*SOURCES, *sorted(CSRC.rglob("*.h"))]  # headers change the build too
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     texts = [(str(source.relative_to(CSRC)), source.read_text()) for source in sources]
     key = json.dumps([texts, torch.__version__, cpu_signature(), compiler,

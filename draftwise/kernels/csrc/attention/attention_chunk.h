@@ -16,24 +16,18 @@ constexpr int kScoreRows = 4;  // query rows scored together (their queries and 
 constexpr int kScoreRows = 1;
 #endif
 
-// Scores of rows [r, r + kRows) (prepare_rows done, s.seen set) for group g, into s.weights where
-// a row sees the group.
+// Scores of rows [r, r + kRows) (prepare_rows done, s.seen set) over the groups each sees, into s.weights.
 template <int kVecs, int kRows, typename Keys>
-inline void score_group(const Problem& p, int64_t r, int64_t num_groups, const Keys& keys, Scratch& s, int64_t g) {
+void score_block(const Problem& p, int64_t r, int64_t num_groups, const Keys& keys, Scratch& s) {
   const int64_t P = p.padded_dim;
   int64_t groups = 0;
   for (int i = 0; i < kRows; ++i) groups = std::max(groups, s.seen[r + i] / kLanes);
-  if (g >= groups) return;
   Vec scores[kRows];
-  group_scores<kVecs, kRows>(s.query.data() + r * 2 * P, P, keys, g, scores);
-  for (int i = 0; i < kRows; ++i)
-    if (g * kLanes < s.seen[r + i]) store(s.weights.data() + ((r + i) * num_groups + g) * kLanes, scores[i]);
-}
-
-// score_group for every group rows [r, r + kRows) see.
-template <int kVecs, int kRows, typename Keys>
-void score_block(const Problem& p, int64_t r, int64_t num_groups, const Keys& keys, Scratch& s) {
-  for (int64_t g = 0; g < num_groups; ++g) score_group<kVecs, kRows>(p, r, num_groups, keys, s, g);
+  for (int64_t g = 0; g < groups; ++g) {
+    group_scores<kVecs, kRows>(s.query.data() + r * 2 * P, P, keys, g, scores);
+    for (int i = 0; i < kRows; ++i)
+      if (g * kLanes < s.seen[r + i]) store(s.weights.data() + ((r + i) * num_groups + g) * kLanes, scores[i]);
+  }
 }
 
 // s.seen (keys of the chunk [first, first + num_groups * kLanes) each row sees, in whole groups) and

@@ -62,7 +62,6 @@ inline void to_float(const c10::BFloat16* src, float* dst, int64_t n) {
 // What one item works in: its rows' scaled queries, one chunk's keys and values, scores / weights.
 struct Scratch {
   std::vector<float> query, keys, values, weights, packed, row;
-  std::vector<const void*> key_rows, value_rows;  // cache_rows: per key, where its row lies
   std::vector<RowKeys> rows;
   std::vector<int64_t> rows_at;  // per key of the chunk: its row's offset in the cache
   std::vector<int64_t> seen;  // per row: keys of the chunk it may see (its weights are zero past them)
@@ -208,18 +207,20 @@ inline void touch_rows(const Inputs<T>& in, const Scratch& s, int64_t nh, int64_
 }
 
 // RowSource of kv head h0 + h of the chunk (rows_at: row_offsets of h0 for n keys): num_keys (n rounded up
-// to kLanes) row pointers each, those past n at `zeros` (padded_dim zeros).
+// to kLanes) row pointers each, those past n at `zeros` (padded_dim zeros). The pointers are this
+// thread's until its next call.
 template <typename T>
 inline RowSource<T> cache_rows(const Problem& p, const Inputs<T>& in, const std::vector<int64_t>& rows_at, int64_t h,
-                               int64_t n, const T* zeros, Scratch& s) {
+                               int64_t n, const T* zeros) {
+  thread_local std::vector<const T*> keys, values;
   const int64_t num_keys = (n + kLanes - 1) / kLanes * kLanes;
-  s.key_rows.resize(num_keys);
-  s.value_rows.resize(num_keys);
+  keys.resize(num_keys);
+  values.resize(num_keys);
   for (int64_t t = 0; t < num_keys; ++t) {
-    s.key_rows[t] = t < n ? in.k_cache + rows_at[t] + h * p.head_dim : zeros;
-    s.value_rows[t] = t < n ? in.v_cache + rows_at[t] + h * p.head_dim : zeros;
+    keys[t] = t < n ? in.k_cache + rows_at[t] + h * p.head_dim : zeros;
+    values[t] = t < n ? in.v_cache + rows_at[t] + h * p.head_dim : zeros;
   }
-  return {reinterpret_cast<const T* const*>(s.key_rows.data()), reinterpret_cast<const T* const*>(s.value_rows.data())};
+  return {keys.data(), values.data()};
 }
 
 }  // namespace draftwise_attention

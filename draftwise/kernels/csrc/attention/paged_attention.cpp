@@ -197,32 +197,28 @@ void attend_chunks(const Problem& p, const Inputs<T>& in, const std::vector<Span
     const int64_t first = items[span_items[unit.span] + unit.chunk].first;
     prepare_rows(p, in, lead, s);  // the unit's spans share their rows' keys (one sequence)
     const int64_t end = chunk_end(s, first), n = end - first, tile = tile_floats(p, n);
-    std::vector<Partial> parts;
-    for (int64_t h = 0; h < unit.num_spans; ++h) {
-      const int64_t offset = items[span_items[unit.span + h] + unit.chunk].offset;
-      parts.push_back({max.data() + offset, sum.data() + offset, acc.data() + offset * P});
-    }
     // Read where they lie when a head's rows are one score block (each key converted once per block);
     // more rows amortize converting the chunk into tiles once. Both give the same floats.
     const bool in_place = p.head_dim == P && lead.count * p.group <= kScoreRows;
     if (in_place) {
-      zeros.assign(P, T(0.f));
+      if (static_cast<int64_t>(zeros.size()) < P) zeros.assign(P, T(0.f));
       row_offsets(p, lead.seq, lead.kv_head, first, n, s.rows_at);
       touch_rows(in, s, unit.num_spans, p.head_dim, n);
     } else if (n > 0) {
       load_tiles(p, in, lead.seq, lead.kv_head, unit.num_spans, first, n, s);
     }
     for (int64_t h = 0; h < unit.num_spans; ++h) {
-      if (h > 0) prepare_rows(p, in, spans[unit.span + h], s);
+      const int64_t i = unit.span + h, offset = items[span_items[i] + unit.chunk].offset;
+      if (h > 0) prepare_rows(p, in, spans[i], s);
+      const Partial part{max.data() + offset, sum.data() + offset, acc.data() + offset * P};
       if (in_place) {
-        attend_tiles<kVecs>(p, first, end, cache_rows(p, in, s.rows_at, h, n, zeros.data(), s), s, parts[h]);
+        attend_tiles<kVecs>(p, first, end, cache_rows(p, in, s.rows_at, h, n, zeros.data()), s, part);
       } else {
         attend_tiles<kVecs>(p, first, end, TileSource{s.keys.data() + h * tile, s.values.data() + h * tile, P}, s,
-                            parts[h]);
+                            part);
       }
+      if (pending[i].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(i);
     }
-    for (int64_t h = 0; h < unit.num_spans; ++h)
-      if (pending[unit.span + h].fetch_sub(1, std::memory_order_acq_rel) == 1) merge(unit.span + h);
   });
 }
 
