@@ -7,6 +7,7 @@ import pytest
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
+from draftwise.engine.model_limits import CPU_PREFILL_CHUNK
 from draftwise.engine.scheduler import MIN_PREFILL_CHUNK
 from draftwise.engine.drafting.step_cost import StepCostModel
 
@@ -71,6 +72,14 @@ def test_chunked_prefill_equals_alone(tiny_model_dir, alone, prompt_lens):
     long_i = prompt_lens.index(max(prompt_lens))
     out = llm.generate(PROMPTS[long_i], _params()[long_i], use_tqdm=False)
     assert out[0].outputs[0].token_ids == alone[long_i]
+
+
+def test_cpu_budget_defaults_to_the_prefill_chunk(tiny_llm, tiny_model_dir):
+    """Unset, a CPU step holds CPU_PREFILL_CHUNK tokens (prefill chunked to it); a user's value wins."""
+    assert tiny_llm.llm_engine.config.max_num_batched_tokens is None
+    assert tiny_llm.llm_engine.scheduler.max_num_batched_tokens == CPU_PREFILL_CHUNK
+    llm = LLM(model=str(tiny_model_dir), dtype="float32", seed=0, max_num_batched_tokens=4096)
+    assert llm.llm_engine.scheduler.max_num_batched_tokens == 4096
 
 
 def test_small_max_num_seqs_equals_alone(tiny_model_dir, alone):

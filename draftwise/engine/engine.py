@@ -68,7 +68,7 @@ from .fault_isolation import find_failing
 from .gc_pause import paused_gc
 from .model_runner import ModelRunner, StepResult
 from .output_processor import OutputProcessor, error_output
-from .model_limits import eos_token_ids, resolve_max_model_len
+from .model_limits import default_max_num_batched_tokens, eos_token_ids, resolve_max_model_len
 from .prompt_input import tokenize_prompt
 from .request_checks import check_request
 from .scheduler import Scheduler, SchedulerOutput
@@ -126,7 +126,8 @@ class LLMEngine:
                                             self.max_model_len, self.speculator and self.speculator.num_spec_tokens,
                                             grammar_drafts=extra.get("grammar_drafts", True))
         self.runner = ModelRunner(paged, self.eos_token_ids, config.rejection_sampler.rule(), self.structured)
-        max_batched = config.max_num_batched_tokens or max(2048, min(self.max_model_len, 8192))
+        max_batched = (config.max_num_batched_tokens
+                       or default_max_num_batched_tokens(self.max_model_len, self.device.type))
         self.compile_seconds = 0.0
         compiles = config.compilation.resolved_mode(config.enforce_eager) != 0
         uncompiled = compiles and why_not_compiled(model, self.executor is not None)
