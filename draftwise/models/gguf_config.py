@@ -3,6 +3,7 @@
 ``gguf_config(header)`` reads the metadata ``gguf_header.read_header`` parsed (no tensor, no
 long array is decoded) through ``GGUF_TO_TRANSFORMERS_MAPPING`` and the per-architecture
 defaults, as transformers' ``load_gguf_checkpoint`` does, and builds the config with
+``arch_config.complete_config`` where the architecture's class is held as data, else with
 ``AutoConfig.for_model``. It is what transformers would make of the file, in milliseconds
 instead of the seconds its ``GGUFReader`` spends on a large vocabulary, except that a head size and
 a sliding window the file states (``attention.key_length``, ``attention.sliding_window``) are always
@@ -10,8 +11,12 @@ taken, where transformers' tables leave some architectures (Qwen3; Phi-3) at the
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
+from .arch_config import complete_config
 from .gguf_header import ArrayRef, GGUFHeader
 
 
@@ -56,15 +61,40 @@ def _config_dict(header: GGUFHeader) -> dict:
     return config
 
 
-def gguf_config(header: GGUFHeader):
-    """The transformers config of the GGUF ``header`` describes (fp32, its causal-LM class named)."""
+def gguf_config(header: GGUFHeader, arch_class: bool = False):
+    """The transformers config of the GGUF ``header`` describes (fp32, its causal-LM class named): for
+    the architectures ``arch_config`` holds as data, in transformers' base class, as a later start
+    reads it back (``config_from_values``); else, or with ``arch_class``, in the architecture's own
+    class (what transformers' model classes need)."""
+    config_dict = _config_dict(header)
+    config_dict.pop("_model_name_or_path", None)
+    complete = None if arch_class else complete_config(config_dict)
+    if complete is not None:
+        return config_from_values({**complete, "dtype": "float32"})
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config_dict = _config_dict(header)
-    config_dict.pop("_model_name_or_path", None)
     model_type = config_dict.pop("model_type")
     config = AutoConfig.for_model(model_type, **config_dict)
     config.dtype = torch.float32
     config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config
+
+
+def config_from_values(values: dict):
+    """A complete config's values (a written ``config.json``) in transformers' base class, with the
+    fields the base class would drop (``model_type``, ``use_cache``) kept."""
+    from transformers import PretrainedConfig
+
+    config = PretrainedConfig.from_dict(values)
+    config.model_type = values["model_type"]
+    if "use_cache" in values:
+        config.use_cache = values["use_cache"]
+    return config
+
+
+def save_config(config, out: Path) -> None:
+    """``out/config.json``: every field of ``config`` (``config_from_values`` reads it back)."""
+    values = config.to_dict()
+    values["model_type"] = config.model_type
+    (out / "config.json").write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")

@@ -128,7 +128,7 @@ def load_transformers_model(path: Path, dtype: torch.dtype):
     source = gguf_source(path)
     if source is None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
-    config = gguf_config(read_header(source))
+    config = gguf_config(read_header(source), arch_class=True)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     # transformers' GGUF reader (de-quantizes, undoes llama.cpp's q/k permutation); its own
     # from_pretrained(gguf_file=...) would need accelerate for the same tensors
@@ -242,10 +242,10 @@ _JUST_WRITTEN: list = []  # [(folder, tokenizer)] of the last conversion, until 
 def _write_hf_dir(header, out: Path):
     """Write the config, generation config and tokenizer files of the GGUF ``header`` describes into
     ``out``; returns the tokenizer."""
-    from .gguf_config import gguf_config
+    from .gguf_config import gguf_config, save_config
 
     config = gguf_config(header)
-    config.save_pretrained(out)
+    save_config(config, out)
     _write_generation_config(config, out)
     return _write_tokenizer(header, config, out)
 

@@ -24,6 +24,7 @@ from ..layers.linear import PackedLinear, can_pack
 from .decoder import ArchSpec, DecoderLM
 from .decoder_stack import build_stack
 from .gguf_blocks import BlockLoader, apply_gguf_blocks
+from .gguf_config import config_from_values
 from .gguf_file import GGUFFile
 from .hf_names import layer_names
 from .loader import cache_root, gguf_source, open_checkpoint, take_written_tokenizer
@@ -90,11 +91,7 @@ def _written_config(path: Path):
     values = json.loads((Path(path) / "config.json").read_text())
     if "text_config" in values:
         return None
-    from transformers import PretrainedConfig
-
-    config = PretrainedConfig.from_dict(values)
-    config.model_type = values["model_type"]
-    return config
+    return config_from_values(values)
 
 
 def runs_on_blocks(gguf: Path | None, device: torch.device, world_size: int, gguf_weights: str,
