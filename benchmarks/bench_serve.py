@@ -191,7 +191,7 @@ def start_all(args, methods: list[str], log_dir: str) -> dict[str, tuple[subproc
 
 def measure_workload(args, servers, methods: list[str], name: str, turns: int, first: int):
     """Every level of one workload, methods alternating; returns (levels, the next request index)."""
-    prompts = load_workload(name, num_prompts=max(args.concurrency + [args.min_requests]))
+    prompts = load_workload(name)  # all of them: a level reuses a prompt (and may hit a prompt cache) only past them
     sampling = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seeded"
     print(f"workload {name}: {len(prompts)} prompts, max_tokens {args.max_tokens}, {sampling}, streaming chat"
           f"{f', {turns}-turn conversations sharing a system prompt' if turns > 1 else ''}", flush=True)
