@@ -23,7 +23,7 @@ IK_LLAMA_BENCH := $(IK_LLAMA)/bin/llama-bench
 LLAMA_SERVER := $(LLAMACPP)/bin/llama-server
 SMOLLM2_GGUF = $(shell $(PY) -c "from draftwise.models.loader import _smollm2_gguf; print(_smollm2_gguf())")
 SERVE_GGUF ?= $(HOME)/.cache/draftwise/smollm2-135m-q4_0.gguf
-SERVE_BENCH ?= --methods llama-server,none,ngram,suffix --workload chat,chat*4,code-edit,json --concurrency 1,4,16 \
+SERVE_BENCH ?= --methods llama-server,none,ngram,suffix --workload 'chat,chat*4,code-edit,json' --concurrency 1,4,16 \
 	--min-requests 16 --max-tokens 128 --time-limit 120
 
 .PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
@@ -136,7 +136,7 @@ $(IK_LLAMA_BENCH):
 	cp $(IK_LLAMA)/build/bin/llama-bench $@
 
 # SmolLM2 requantized to Q4_0 by llama.cpp's quantizer (the path llama.cpp repacks), served by both
-$(SERVE_GGUF): $(LLAMACPP)/.installed install
+$(SERVE_GGUF): | $(LLAMACPP)/.installed install
 	mkdir -p $(dir $@) && $(LLAMACPP)/bin/python scripts/requantize_gguf.py $(SMOLLM2_GGUF) $@ --ftype Q4_0
 
 bench-vs-llamacpp-server: install llama-server $(SERVE_GGUF)
