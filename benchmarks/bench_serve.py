@@ -153,7 +153,8 @@ def result_table(title: str, levels: dict[tuple[int, str], Level], methods: list
     rows, c0 = [], min(concurrency)
     for c in concurrency:
         for method in methods:
-            lv, f = levels[(c, method)], levels[(c, method)].figures()
+            lv = levels[(c, method)]
+            f = lv.figures()
             acc = f["acceptance_length"]
             growth = (f["peak_rss_mb"] - levels[(c0, method)].peak_rss_mb) / (c - c0) if c > c0 else None
             row = [c, method, round(f["tok_s"], 1), round(lv.tok_s / levels[(c, methods[0])].tok_s, 2),
@@ -266,7 +267,6 @@ def main() -> None:
 
 
 def write_result(args, tables: list[dict], load_start) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from draftwise.kernels.cpu_info import cpu_signature
 
     result = {"date": datetime.date.today().isoformat(), "cpu": cpu_signature(), "command": " ".join(sys.argv),

@@ -77,7 +77,7 @@ class Level:
         self.seconds += other.seconds
         for name, value in other.counters.items():
             self.counters[name] = self.counters.get(name, 0.0) + value
-        self.round_tok_s.append(other.num_tokens / other.seconds)
+        self.round_tok_s.append(other.tok_s)
         self.peak_rss_mb = max(self.peak_rss_mb, other.peak_rss_mb)
 
 

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 from transformers import AutoConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from draftwise.models.arch_config import CAUSAL_LM_CLASSES, complete_config
+from draftwise.models.arch_config import complete_config
 from draftwise.models.gguf_config import config_from_values, save_config
 from draftwise.models.loader import _DONE_MARK
 from draftwise.models.registry import _written_config
@@ -33,7 +34,7 @@ CASES = {
 def _theirs(model_type: str, values: dict) -> dict:
     config = AutoConfig.for_model(model_type, **values)
     config.dtype = torch.float32
-    config.architectures = [CAUSAL_LM_CLASSES[model_type]]
+    config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
     return config.to_dict()
 
 

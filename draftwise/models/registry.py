@@ -4,8 +4,8 @@
 architecture that fits ``DecoderLM`` is one line in ``ARCH_SPECS``.
 
 ``load_config`` and ``load_tokenizer`` read a model folder. The folder draftwise writes for a
-GGUF file holds a complete config (every default resolved by the architecture's class when it
-was written) and a ``tokenizer.json``: those load into transformers' base config and fast
+GGUF file holds a complete config (every default resolved when it was written: ``gguf_config.py``)
+and a ``tokenizer.json``: those load into transformers' base config and fast
 tokenizer classes, without importing the architecture's classes (whose import chain takes
 about a second). Other folders go through ``AutoConfig`` and ``AutoTokenizer``.
 """
