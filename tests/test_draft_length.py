@@ -9,7 +9,7 @@ import numpy as np
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.drafting.length import PROBE_EVERY, DraftLengthPolicy
+from draftwise.engine.drafting.length import CATCH_UP_SHARE, PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
 from draftwise.engine.drafting.step_cost import StepCostModel
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
@@ -89,19 +89,22 @@ def test_allocation_is_the_best_set_of_prefixes():
 
 
 def test_allocation_with_keys_is_the_best_set_of_prefixes():
-    """Brute force again, rows at a constant cost and each draft reading its sequence's context:
-    ranking drafts by gain per second of their own finds the best set."""
+    """Brute force again, rows at a constant cost and each draft reading its sequence's context (at
+    its own share of a first row's key cost): ranking drafts by gain per second of their own finds
+    the best set."""
     rng = random.Random(1)
     for _ in range(60):
         model = StepCostModel(64)
-        model.seed({1: 0.02, 64: 0.02 + 63 * rng.uniform(0.0, 0.002)}, key_seconds=rng.uniform(1e-6, 3e-6))
+        key_seconds = rng.uniform(1e-6, 3e-6)
+        model.seed({1: 0.02, 64: 0.02 + 63 * rng.uniform(0.0, 0.002)}, key_seconds=key_seconds,
+                   further_key_seconds=key_seconds * rng.choice([0.2, 0.5, 1.0]))
         policy = DraftLengthPolicy(model)
         gains = [sorted((rng.random() for _ in range(rng.randint(0, 3))), reverse=True) for _ in range(3)]
         lens = [rng.randint(50, 4000) for _ in gains]
 
         def rate(ks):
             tokens = len(gains) + sum(sum(g[:k]) for g, k in zip(gains, ks))
-            keys = sum(lens) + sum(k * n + k * (k + 1) // 2 for k, n in zip(ks, lens))
+            keys = sum(lens) + model.further_key_share * sum(k * n + k * (k + 1) // 2 for k, n in zip(ks, lens))
             return tokens / model.seconds(len(gains) + sum(ks), keys)
 
         best = max(rate(ks) for ks in itertools.product(*(range(len(g) + 1) for g in gains)))
@@ -122,6 +125,9 @@ def test_a_draft_of_a_long_sequence_pays_for_its_keys():
     assert all(policy.allocate(gains, 8))  # the rows alone would have drafted them all
     mixed = policy.allocate(gains, 8, context_lens=[128, 3000] * 4)
     assert all(mixed[0::2]) and not any(mixed[1::2])
+    # where a draft row reads the keys its first row brought into the caches at a tenth of the cost
+    model.seed({1: 0.0214, 2: 0.0215, 8: 0.0252, 32: 0.0464}, key_seconds=2.3e-6, further_key_seconds=2.3e-7)
+    assert all(policy.allocate(gains, 8, context_lens=[3000] * 8))
 
 
 def test_a_large_batch_steps_aside_when_rows_are_not_free():
@@ -202,6 +208,26 @@ def test_a_withheld_batch_is_probed_one_sequence_at_a_time():
     steps = [policy.limits(seqs, [4] * 8, 8) for _ in range(PROBE_EVERY)]
     assert steps[-1] == [0] * 5 + [1, 0, 0] and not any(map(any, steps[:-1]))  # the least known
     assert policy.prior == prior
+
+
+def test_a_drafter_catch_up_is_weighed_against_the_steps_left():
+    """A draft model's catch-up (its prompt's K/V, or the positions of the steps it was withheld) is
+    paid once: a sequence gets drafts only where it costs at most CATCH_UP_SHARE of the decode time
+    its remaining tokens take, and a probe waits until it costs at most PROBE_SHARE of the time
+    spent without drafts since the last one."""
+    policy = _measured({1: 0.005, 8: 0.0052})  # rows nearly free: every sure draft pays by itself
+    seq = Sequence("r", 0, [1, 2, 3], SamplingParams(), 0, 0.0)
+    for _ in range(20):
+        policy.observe(seq, 4, 4)
+    step = policy.step_cost.seconds(1, seq.num_tokens)
+    assert policy.limits([seq], [4], 1, catch_up=[(0.0, 200)]) == [4]
+    assert policy.limits([seq], [4], 1, catch_up=[(CATCH_UP_SHARE * 200 * step * 0.9, 200)]) == [4]
+    assert policy.limits([seq], [4], 1, catch_up=[(CATCH_UP_SHARE * 200 * step * 1.1, 200)]) == [0]
+    assert policy.limits([seq], [4], 1, catch_up=[(0.01, 2)]) == [0]  # two tokens left: not worth it
+    idle = [policy.limits([seq], [4], 1, catch_up=[(PROBE_SHARE * 3 * PROBE_EVERY * step, 2)])[0]
+            for _ in range(4 * PROBE_EVERY)]
+    # (the step before counted as idle too): a probe once it is cheap enough, one draft
+    assert 3 * PROBE_EVERY - 3 <= idle.index(1) <= 3 * PROBE_EVERY - 1 and sum(idle) == 1
 
 
 def test_confident_prefix_is_kept_and_doubtful_tail_cut():

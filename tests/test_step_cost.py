@@ -9,8 +9,8 @@ import pytest
 
 from draftwise import LLM
 from draftwise.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from draftwise.engine.drafting.step_cost import (StepCostModel, decode_keys, knots, measure_key_seconds,
-                                                measure_step_seconds)
+from draftwise.engine.drafting.step_cost import (StepCostModel, decode_keys, knots, measure_further_key_seconds,
+                                                measure_key_seconds, measure_step_seconds)
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
 
@@ -216,6 +216,21 @@ def test_key_cost_is_measured_and_frees_its_blocks(tiny_llm):
     assert blocks.num_free_blocks == blocks.num_blocks
 
 
+def test_further_key_cost_is_measured_and_priced(tiny_llm):
+    """A sequence's further rows get their own key cost, measured on one throw-away sequence whose
+    blocks are freed after; seeded, it scales what a draft row's keys cost, never above a first row's."""
+    engine = tiny_llm.llm_engine
+    paged, blocks = engine.runner.paged, engine.block_manager
+    seconds = measure_further_key_seconds(paged, blocks, num_rows=3, contexts=(16, 128))
+    assert seconds is not None and 0.0 <= seconds < 1e-3 and blocks.num_free_blocks == blocks.num_blocks
+    assert measure_further_key_seconds(paged, blocks, contexts=(16, 24)) is None  # too close to tell apart
+    model = StepCostModel(64)
+    model.seed({1: 0.010, 8: 0.012}, key_seconds=KEY_SECONDS, further_key_seconds=KEY_SECONDS / 4)
+    assert model.further_key_share == 0.25
+    model.seed({1: 0.010, 8: 0.012}, key_seconds=KEY_SECONDS, further_key_seconds=KEY_SECONDS * 3)
+    assert model.further_key_share == 1.0
+
+
 def test_keys_count_decode_rows_only():
     """A decode with 2 drafts at context 40 and a plain decode at 10 read 3 * 43 + 11 keys; a
     prefill chunk beside them reads none (its rows are priced by rows alone)."""
@@ -225,7 +240,8 @@ def test_keys_count_decode_rows_only():
         return s
     plan = SchedulerOutput([ScheduledSeq(seq("a", 41, 40), 1, [7, 8]), ScheduledSeq(seq("b", 11, 10), 1),
                             ScheduledSeq(seq("c", 500, 100), 64)])
-    assert plan.num_decode_keys == 3 * 43 + 11 == decode_keys([43, 11], [3, 1])
+    assert plan.decode_keys() == 3 * 43 + 11 == decode_keys([43, 11], [3, 1])
+    assert plan.decode_keys(0.5) == 2 * 43 + 11 == decode_keys([43, 11], [3, 1], 0.5)
 
 
 def test_prefill_bound_counts_the_decodes_keys():

@@ -63,7 +63,8 @@ from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .compile_target import capture_target, compile_target, why_not_compiled
 from .drafting.speculator import Speculator
-from .drafting.step_cost import KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_key_seconds, measure_step_seconds
+from .drafting.step_cost import (FURTHER_ROWS, KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_further_key_seconds,
+                                 measure_key_seconds, measure_step_seconds)
 from .fault_isolation import find_failing
 from .gc_pause import paused_gc
 from .model_runner import ModelRunner, StepResult
@@ -200,10 +201,12 @@ class LLMEngine:
             limit = min(max_num_tokens, self.max_model_len - context_len)
             samples = measure_step_seconds(paged, self.block_manager, [r for r in (1, 2, k + 1, 16, 64, 256)
                                                                        if r <= limit], context_len)
-            key_seconds = measure_key_seconds(paged, self.block_manager,
-                                              contexts=(context_len, min(KEY_CONTEXTS[1], self.max_model_len - 1)))
+            contexts = (context_len, min(KEY_CONTEXTS[1], self.max_model_len - FURTHER_ROWS))
+            key_seconds = measure_key_seconds(paged, self.block_manager, contexts=contexts)
+            further = measure_further_key_seconds(paged, self.block_manager, contexts=contexts) \
+                if self._prices_drafts else None  # (only drafts put several rows of a sequence in a step)
             for model in models:
-                model.seed(samples, key_seconds)
+                model.seed(samples, key_seconds, further)
         return models
 
     @property
@@ -366,7 +369,7 @@ class LLMEngine:
         start = time.perf_counter()
         result = self.runner.execute(plan.scheduled, self.needs)
         seconds = time.perf_counter() - start
-        num_rows, num_keys = plan.num_batched_tokens, plan.num_decode_keys
+        num_rows, num_keys = plan.num_batched_tokens, plan.decode_keys(self.decode_cost.further_key_share)
         if self._bounds_prefill:
             if plan.mixes_prefill:
                 self.scheduler.observe_mixed_step(num_rows, seconds, num_keys)

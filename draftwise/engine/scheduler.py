@@ -72,12 +72,12 @@ class SchedulerOutput:
         """Rows of the step: every scheduled token, drafts included."""
         return sum(item.num_scheduled_tokens for item in self.scheduled)
 
-    @property
-    def num_decode_keys(self) -> int:
-        """Keys the step's decode and verify rows read (``step_cost.decode_keys``; prefill rows left out)."""
+    def decode_keys(self, further_key_share: float = 1.0) -> float:
+        """Keys the step's decode and verify rows read, in first-row keys (``step_cost.decode_keys``;
+        prefill rows left out)."""
         items = [item for item in self.scheduled if item.decodes]
         return decode_keys([item.seq.num_computed_tokens + item.num_scheduled_tokens for item in items],
-                           [item.num_scheduled_tokens for item in items])
+                           [item.num_scheduled_tokens for item in items], further_key_share)
 
     @property
     def is_empty(self) -> bool:
@@ -113,7 +113,7 @@ class Scheduler:
         out = SchedulerOutput()
         decoding = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens == 1]
         budget = self._schedule_running(decoding, self.max_num_batched_tokens, out)
-        prefill = min(budget, self._prefill_budget(out.num_batched_tokens, budget, out.num_decode_keys))
+        prefill = min(budget, self._prefill_budget(out.num_batched_tokens, budget, self._decode_keys(out)))
         prefilling = [seq for seq in self.running if seq.num_tokens - seq.num_computed_tokens > 1]
         prefill = self._schedule_running(prefilling, prefill, out)
         if not out.preempted:
@@ -139,7 +139,10 @@ class Scheduler:
             budget -= item.num_scheduled_tokens
         return budget
 
-    def _prefill_budget(self, num_decode_rows: int, budget: int, num_decode_keys: int = 0) -> int:
+    def _decode_keys(self, out: SchedulerOutput) -> float:
+        return out.decode_keys(self.step_cost.further_key_share if self.step_cost is not None else 1.0)
+
+    def _prefill_budget(self, num_decode_rows: int, budget: int, num_decode_keys: float = 0.0) -> int:
         """Prefill tokens that may join a step of ``num_decode_rows`` decode (and draft) rows reading
         ``num_decode_keys`` keys."""
         cost, factor = self.step_cost, self.decode_stall_factor
@@ -149,7 +152,7 @@ class Scheduler:
         within = cost.max_rows_within(bound, num_decode_rows + budget, num_decode_keys)
         return max(MIN_PREFILL_CHUNK, within - num_decode_rows)
 
-    def observe_mixed_step(self, num_rows: int, seconds: float, num_decode_keys: int = 0) -> None:
+    def observe_mixed_step(self, num_rows: int, seconds: float, num_decode_keys: float = 0.0) -> None:
         """A step that ran prefill beside decodes took ``seconds`` (call before the step-cost model
         learns from it): ``prefill_margin`` follows the MARGIN_QUANTILE of actual / predicted time
         (a stochastic quantile estimate), so the bound holds for that share of such steps. A fixed

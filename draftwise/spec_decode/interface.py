@@ -170,6 +170,12 @@ class Proposer(ABC):
         draft-length policy adds it to the step's cost; lookups (ngram, suffix) cost ~0."""
         return 0.0
 
+    def catch_up_seconds(self, seqs: list["Sequence"]) -> list[float]:
+        """Per sequence, the seconds its drafter must first spend on positions it skipped before it
+        can draft again (a draft model's K/V of the prompt, or of the steps it was withheld), beyond
+        ``drafting_seconds``; paid once, then drafting costs only that. 0 where nothing lags."""
+        return [0.0] * len(seqs)
+
     def observe(self, seq: "Sequence", num_drafts: int, num_accepted: int) -> None:
         """``seq``'s last ``num_drafts`` drafts were verified and ``num_accepted`` of them accepted."""
 

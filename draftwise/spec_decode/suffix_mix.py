@@ -63,6 +63,9 @@ class SuffixMix(Proposer):
     def drafting_seconds(self, depth: int) -> float:
         return self.model.drafting_seconds(depth)
 
+    def catch_up_seconds(self, seqs) -> list[float]:
+        return self.model.catch_up_seconds(seqs)
+
     def model_expectation(self) -> float:
         counts = self.counts[MODEL]
         if counts.num_drafts < MIN_OBSERVED:

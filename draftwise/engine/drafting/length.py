@@ -10,7 +10,9 @@ whole batch with two estimates:
 * ``StepCostModel.seconds(num_rows, num_keys)`` (``step_cost.py``): the time
   of a step of that many rows reading that many keys, learned from the
   engine's own steps without prefill. Each row reads its sequence's whole
-  context, so a draft of a long sequence costs more than one of a short one.
+  context, so a draft of a long sequence costs more than one of a short one
+  (though less than its first row, which brought those keys into the caches:
+  ``further_key_share``).
 * the expected gain of each draft: the chance that it and every draft before
   it are accepted. By default ``alpha ** (j + 1)`` for a sequence's
   ``(j + 1)``-th draft, where ``alpha`` is the sequence's own acceptance rate
@@ -36,6 +38,16 @@ sequence gets a single draft: a probe costing one row (and, for a drafter
 with its own K/V, catching up on the positions it skipped: the sequence whose
 drafter lags least is probed, then the least known), not the whole batch
 re-probed at once.
+
+A drafter that keeps its own K/V (a draft model) must first run the positions
+it skipped: a new sequence's prompt, the steps it was withheld. That catch-up
+is paid once and then serves every later step, so it is weighed against the
+steps the sequence has left: a sequence whose catch-up
+(``Proposer.catch_up_seconds``) exceeds ``CATCH_UP_SHARE`` of its remaining
+tokens' plain decode time gets no drafts, and a probe waits until its
+catch-up is at most ``PROBE_SHARE`` of the time spent without drafts since the
+last one (a draft model as costly as the target, whose catch-up of a prompt
+cost as much as the target's prefill, then never pays it).
 
 ``allocate`` then picks the drafts that maximise the batch's expected tokens
 per second. Every sequence that decodes yields one token; the base rows
@@ -76,7 +88,11 @@ PSEUDO = 1.0  # weight of the policy's prior in a sequence's estimate, in trials
 DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
 WITHHELD_DECAY = 0.97  # per step without drafts: a failing sequence is probed again after ~40 steps
 
+CATCH_UP_SHARE = 0.05  # a drafter's catch-up may cost this share of the decode steps left to its sequence
+PROBE_SHARE = 0.05  # ... and a probe's, this share of the time spent without drafts since the last probe
+
 DraftingSeconds = Callable[[int], float]  # depth -> the proposer's seconds to draft that deep
+CatchUp = list[tuple[float, int]]  # per sequence: (its drafter's catch-up seconds, tokens it may still generate)
 
 
 def _free(depth: int) -> float:
@@ -90,6 +106,7 @@ class DraftLengthPolicy:
         self.accepted = 0.0  # decayed accepted drafts, over every sequence
         self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
         self.idle_steps = 0  # steps in a row that withheld every draft
+        self.idle_seconds = 0.0  # their predicted time
 
     @property
     def prices_rows(self) -> bool:
@@ -97,25 +114,43 @@ class DraftLengthPolicy:
         return self.step_cost.ready and not self.step_cost.free
 
     def limits(self, seqs: list[Sequence], max_num_drafts: list[int], num_base_rows: int,
-               drafting_seconds: DraftingSeconds = _free) -> list[int]:
+               drafting_seconds: DraftingSeconds = _free, catch_up: CatchUp | None = None) -> list[int]:
         """Cut each ``max_num_drafts[i]`` to what ``seqs[i]``'s acceptance rate makes worth
-        verifying in a step of ``num_base_rows`` rows before drafts (one decode row per sequence)."""
+        verifying in a step of ``num_base_rows`` rows before drafts (one decode row per sequence).
+        ``catch_up``: per sequence, (seconds its drafter must first spend on skipped positions, the
+        tokens it may still generate); a sequence whose catch-up exceeds ``CATCH_UP_SHARE`` of the
+        steps left to it gets none (see the module docstring)."""
         if not self.prices_rows:
             return list(max_num_drafts)
-        gains = [self._gains(self.alpha(seq), limit) for seq, limit in zip(seqs, max_num_drafts)]
-        chosen = self.allocate(gains, num_base_rows, drafting_seconds, [seq.num_tokens for seq in seqs])
+        lens = [seq.num_tokens for seq in seqs]
+        step_seconds = self.step_cost.seconds(num_base_rows, sum(lens)) if not self.step_cost.frozen else 0.0
+        late = [bool(step_seconds) and seconds > CATCH_UP_SHARE * remaining * step_seconds
+                for seconds, remaining in (catch_up or [(0.0, 0)] * len(seqs))]
+        gains = [[] if too_late else self._gains(self.alpha(seq), limit)
+                 for seq, limit, too_late in zip(seqs, max_num_drafts, late)]
+        chosen = self.allocate(gains, num_base_rows, drafting_seconds, lens)
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
             if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
                 seq.spec.decay_estimate(WITHHELD_DECAY)
         if any(chosen) or not any(max_num_drafts):
-            self.idle_steps = 0
+            self.idle_steps, self.idle_seconds = 0, 0.0
         else:
-            self.idle_steps += 1
-            if self.idle_steps >= PROBE_EVERY:
-                self.idle_steps = 0
-                candidates = [i for i, limit in enumerate(max_num_drafts) if limit > 0]
-                chosen[min(candidates, key=lambda i: _probe_cost(seqs[i]))] = 1  # one draft
+            self._probe(seqs, max_num_drafts, chosen, step_seconds, catch_up)
         return chosen
+
+    def _probe(self, seqs: list[Sequence], max_num_drafts: list[int], chosen: list[int], step_seconds: float,
+               catch_up: CatchUp | None) -> None:
+        """A step that withheld every draft: after ``PROBE_EVERY`` such steps, one draft for the
+        sequence cheapest to probe, once its catch-up is at most ``PROBE_SHARE`` of the idle time."""
+        self.idle_steps += 1
+        self.idle_seconds += step_seconds
+        if self.idle_steps < PROBE_EVERY:
+            return
+        candidates = [i for i, limit in enumerate(max_num_drafts) if limit > 0]
+        best = min(candidates, key=lambda i: _probe_cost(seqs[i]))
+        if catch_up is None or catch_up[best][0] <= PROBE_SHARE * self.idle_seconds:
+            self.idle_steps, self.idle_seconds = 0, 0.0
+            chosen[best] = 1  # one draft
 
     def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int,
             context_lens: list[int] | None = None) -> list[int]:
@@ -140,7 +175,8 @@ class DraftLengthPolicy:
         if not entries:
             return chosen
         rows = max(1, num_base_rows) + np.arange(len(entries) + 1, dtype=np.float64)
-        keys = sum(lens) + np.concatenate(([0.0], np.cumsum([lens[i] + j + 1 for _, j, i in entries])))
+        share = self.step_cost.further_key_share  # a draft row's keys, in first-row keys
+        keys = sum(lens) + share * np.concatenate(([0.0], np.cumsum([lens[i] + j + 1 for _, j, i in entries])))
         seconds = self.step_cost.seconds_many(rows, keys)
         if not self.step_cost.frozen:
             depths = np.maximum.accumulate([0] + [j + 1 for _, j, _ in entries])  # deepest draft of each prefix
@@ -161,7 +197,8 @@ class DraftLengthPolicy:
         cost, base = self.step_cost, max(1, num_base_rows)
         first, last = cost.seconds_many(np.array([base, base + len(entries)], dtype=np.float64))
         row_slope = (last - first) / len(entries)
-        per_draft = [max(row_slope + cost.key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
+        key_cost = cost.key_cost * cost.further_key_share
+        per_draft = [max(row_slope + key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
         order = sorted(range(len(entries)), key=lambda e: (-entries[e][0] / per_draft[e], entries[e][1], e))
         return [entries[e] for e in order]
 

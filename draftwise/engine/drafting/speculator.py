@@ -111,8 +111,10 @@ class Speculator:
         batch_limit = self.batch_limits.num_spec_tokens(len({seq.request_id for seq in seqs}), len(seqs),
                                                         self.num_spec_tokens)
         plan.limit("batch_size", [batch_limit] * len(seqs))
+        catch_up = list(zip(self.proposer.catch_up_seconds(seqs),
+                            [seq.num_draft_slots(self.max_model_len) + 1 for seq in seqs]))
         plan.limit("step_cost", self.policy.limits(seqs, list(plan.num_drafts), num_base_rows,
-                                                   self.proposer.drafting_seconds))
+                                                   self.proposer.drafting_seconds, catch_up))
         limits = list(plan.limit("kv_cache", [self._fit_kv(seq, n) for seq, n in zip(seqs, plan.num_drafts)]))
         batch = ProposeBatch(seqs, limits, result.target_hidden)
         try:

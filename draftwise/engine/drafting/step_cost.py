@@ -14,7 +14,11 @@ inter-token gap). Both read one ``StepCostModel``:
   key_seconds * num_keys``. ``rows`` is piecewise linear between knots at 1,
   2, 3, 4, 6, 8, 12, 16, ... rows, made non-decreasing, flat below the first
   known knot and extended with the slope of the last two known knots beyond
-  the last one; ``key_seconds`` is measured at start-up.
+  the last one; ``key_seconds`` is measured at start-up. ``num_keys`` counts
+  keys in units of a sequence's first row (``decode_keys``): that row streams
+  its context from memory, while a sequence's further rows (its drafts) read
+  the keys their first row brought into the caches, so each of their keys
+  counts ``further_key_share`` of one (measured with speculation, 1 until then).
 * ``observe(num_rows, seconds, num_keys)``: one measured step. The two knots
   around ``num_rows`` move towards the measurement less its keys' share
   (shifted along the current slope to each knot), by the running mean of
@@ -31,7 +35,8 @@ rows alone: their keys are left out of ``num_keys``.
 Start-up seeds it (``measure_step_seconds``: timed forwards of a throw-away
 sequence, the row counts interleaved so a busy moment hits them alike;
 ``measure_key_seconds``: decode rows of a few throw-away sequences at a short
-and a long context). The seed gives the curve's shape, a prior worth
+and a long context; ``measure_further_key_seconds``: one throw-away sequence
+verifying several rows at both contexts). The seed gives the curve's shape, a prior worth
 ``SEED_WEIGHT`` observations at each knot; its level follows the real steps
 (``drift``: how much slower or faster they run than the seed predicted, e.g.
 on the server's engine thread), so a knot that real steps never reach is
@@ -66,6 +71,7 @@ DRIFT_RATE = 0.05  # each step moves the drift by 5% of its log ratio once ~20 s
 DRIFT_CLIP = 2.0  # ... that ratio clipped to within 2x of the drift: a few stalled steps barely move it
 KEY_SEQS = 4  # sequences decoding one row each when the key cost is timed
 KEY_CONTEXTS = (128, 1024)  # the short and long contexts it is timed at
+FURTHER_ROWS = 4  # rows of the sequence whose further rows' key cost is timed
 
 
 def knots(max_rows: int) -> list[int]:
@@ -86,6 +92,7 @@ class StepCostModel:
         self.drift = 1.0  # real steps' time / the seed's prediction (moving geometric mean)
         self.drift_count = 0.0
         self.key_seconds = 0.0  # the seed's seconds per decode key (one row reading one key of its context)
+        self.further_key_share = 1.0  # a key read by a sequence's further rows, in first-row keys
         self.frozen = False
         self._fit: tuple | None = None  # (the state it was fitted on, known knots, their xs, ys): see _known
 
@@ -168,10 +175,14 @@ class StepCostModel:
             value = self.values[k]
             self.values[k] = target if value is None else value + min(1.0, rate) * (target - value)
 
-    def seed(self, samples: dict[int, float], key_seconds: float = 0.0) -> None:
+    def seed(self, samples: dict[int, float], key_seconds: float = 0.0,
+             further_key_seconds: float | None = None) -> None:
         """Take measured ``{num_rows: seconds}`` as the prior: interpolated at every knot, extended
-        past the last sample with the slope of the last two; and ``key_seconds`` per decode key."""
+        past the last sample with the slope of the last two; ``key_seconds`` per decode key; and
+        ``further_key_seconds`` per key of a sequence's further rows (None: as a first row's)."""
         self.key_seconds = max(0.0, key_seconds)
+        if further_key_seconds is not None and self.key_seconds > 0.0:
+            self.further_key_share = min(1.0, max(0.0, further_key_seconds) / self.key_seconds)
         if not samples:
             return
         xs = np.array(sorted(samples), dtype=np.float64)
@@ -195,7 +206,10 @@ class StepCostModel:
         """``rows: ms`` for a log line, e.g. ``1: 19.6 ms, 2: 24.0 ms, ...``."""
         unit = "x a 1-row step" if self.frozen else "ms"
         text = ", ".join(f"{r}: {ms:g} {unit}" for r, ms in self.snapshot(rows).items()) or "not measured yet"
-        return text + (f"; + {self.key_cost * 1e6:.3g} ms per 1000 decode keys read" if self.key_seconds else "")
+        if self.key_seconds:
+            text += (f"; + {self.key_cost * 1e6:.3g} ms per 1000 decode keys read"
+                     f" ({self.further_key_share:.2g} of it for a draft row's)")
+        return text
 
     def _estimate(self, k: int) -> float | None:
         """Knot ``k``'s seconds: its measurements blended with the seed scaled by ``drift``."""
@@ -304,10 +318,32 @@ def measure_key_seconds(target, block_manager, num_seqs: int = KEY_SEQS, context
     return max(0.0, (best[long] - best[short]) / (num_seqs * (long - short)))
 
 
-def decode_keys(context_lens: list[int], num_rows: list[int]) -> int:
-    """Keys read by decode rows: ``num_rows[i]`` rows of a sequence of ``context_lens[i]`` tokens
-    (this step's rows included) each read its whole context."""
-    return sum(n * c for n, c in zip(num_rows, context_lens))
+@torch.inference_mode()
+def measure_further_key_seconds(target, block_manager, num_rows: int = FURTHER_ROWS,
+                                contexts: tuple[int, int] = KEY_CONTEXTS, repeats: int = 3) -> float | None:
+    """Seconds per key that each row after the first of one sequence adds (a draft verified at that
+    context): one throw-away sequence runs 1 and ``num_rows`` rows at the short and the long
+    context of ``contexts`` (taking turns, the best of ``repeats`` after a warm-up); the growth of
+    the rows' difference with context, per extra row and key. None when it cannot be told."""
+    short, long = contexts
+    if long < 2 * short or num_rows < 2:
+        return None
+    settings = [(1, short), (num_rows, short), (1, long), (num_rows, long)]
+    with block_manager.scratch("further-key-cost", long, long + num_rows) as seq:
+        if seq is None:
+            return None
+        best = _best_of_turns(lambda i: _time_forward(target, [ForwardInput([0] * settings[i][0], settings[i][1],
+                                                                            seq.block_ids)]),
+                              list(range(len(settings))), repeats)
+    growth = (best[3] - best[2]) - (best[1] - best[0])
+    return max(0.0, growth / ((num_rows - 1) * (long - short)))
+
+
+def decode_keys(context_lens: list[int], num_rows: list[int], further_key_share: float = 1.0) -> float:
+    """Keys read by decode rows, in first-row keys: ``num_rows[i]`` rows of a sequence of
+    ``context_lens[i]`` tokens (this step's rows included) each read its whole context, the
+    first from memory, each further one at ``further_key_share`` of that."""
+    return sum((1 + further_key_share * (n - 1)) * c for n, c in zip(num_rows, context_lens) if n > 0)
 
 
 def _best_of_turns(time_one: Callable[[int], float], settings: list[int], repeats: int) -> dict[int, float]:

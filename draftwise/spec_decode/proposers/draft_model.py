@@ -41,7 +41,7 @@ from ...paged import ForwardInput, KVCacheSpec, PagedModel
 from ...sample import build_sampling_metadata
 from ...sample.logits import target_probs, uniform_noise
 from ...validate import PREFIX, check_choice
-from ..forward_timer import ForwardTimer
+from ..forward_timer import ForwardTimer, RowsTimer
 from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, register
 from ..tree_drafting import draft_tree
 
@@ -89,10 +89,24 @@ class DraftModelProposer(Proposer):
         self.model = build_model(path, hf_config, target.dtype, target.device, target.max_model_len,
                                  tp=self.executor and self.executor.group, gguf_weights=target.gguf_weights)
         self.paged: PagedModel | None = None
-        self.timer = ForwardTimer()  # one draft-model forward (a draft for each drafting sequence)
+        self.first_timer = RowsTimer()  # a step's first forward, by rows: the positions each sequence skipped
+        self.timer = ForwardTimer()  # each further forward (one draft for each drafting sequence)
+        self.num_seqs = 1  # sequences of the last batch: the rows a steady step's first forward runs
 
     def drafting_seconds(self, depth: int) -> float:
-        return depth * self.timer.seconds
+        """A steady step: the first forward feeds each sequence's new target token (and its accepted
+        drafts), each further one a draft."""
+        if depth == 0:
+            return 0.0
+        return self.first_timer.seconds(self.num_seqs) + (depth - 1) * self.timer.seconds
+
+    def catch_up_seconds(self, seqs) -> list[float]:
+        """The first forward's rows past a steady step's (the prompt on first sight, the positions of
+        the steps it was withheld), priced by the timed first forwards."""
+        steady = self.config.num_speculative_tokens + 1
+        base = self.first_timer.seconds(steady)
+        return [max(0.0, self.first_timer.seconds(lag) - base) if lag > steady else 0.0
+                for lag in (seq.num_tokens - seq.spec.drafter_num_computed_tokens for seq in seqs)]
 
     def kv_cache_spec(self) -> KVCacheSpec:
         return PagedModel.kv_cache_spec(self.model)
@@ -115,8 +129,9 @@ class DraftModelProposer(Proposer):
         inputs = [ForwardInput(batch.seqs[i].all_token_ids[starts[i]:], starts[i], batch.seqs[i].block_ids)
                   for i in rows]
         step = 0
+        self.num_seqs = max(1, len(batch.seqs))
         while rows:
-            with self.timer.timing():
+            with self._timing(inputs, step == 0):
                 last = torch.tensor(list(accumulate(len(item.token_ids) for item in inputs))) - 1
                 _, _, _, logits = self.paged.forward_with_logits(inputs, (), last)  # [num_rows, vocab]
                 tokens, q = self._draw(logits, [batch.seqs[i] for i in rows], step)
@@ -133,6 +148,10 @@ class DraftModelProposer(Proposer):
             rows, step = next_rows, step + 1
         return DraftBatch.from_lists(drafts, _stack(probs, drafts))
 
+    def _timing(self, inputs: list[ForwardInput], first: bool):
+        """Times a forward: a step's first by its rows, a further one as one draft."""
+        return self.first_timer.timing(sum(len(item.token_ids) for item in inputs)) if first else self.timer.timing()
+
     def _propose_tree(self, batch: ProposeBatch) -> DraftBatch:
         """Feed each drafting sequence's unseen tokens through its last one (the root), then draft
         the tree level by level from there."""
@@ -143,14 +162,17 @@ class DraftModelProposer(Proposer):
         seqs = [batch.seqs[i] for i in rows]
         top_k = tree.max_children
 
-        def forward(inputs: list[ForwardInput], logit_rows: torch.Tensor) -> tuple[torch.Tensor, list]:
-            with self.timer.timing():
+        self.num_seqs = max(1, len(batch.seqs))
+
+        def forward(inputs: list[ForwardInput], logit_rows: torch.Tensor,
+                    first: bool = False) -> tuple[torch.Tensor, list]:
+            with self._timing(inputs, first):
                 _, _, _, logits = self.paged.forward_with_logits(inputs, (), logit_rows)  # [num_rows, vocab]
                 return logits, logits.topk(top_k, dim=-1).indices.tolist()
 
         inputs = [ForwardInput(seq.all_token_ids[seq.spec.drafter_num_computed_tokens:],
                                seq.spec.drafter_num_computed_tokens, seq.block_ids) for seq in seqs]
-        _, root_top = forward(inputs, torch.tensor(list(accumulate(len(item.token_ids) for item in inputs))) - 1)
+        _, root_top = forward(inputs, torch.tensor(list(accumulate(len(item.token_ids) for item in inputs))) - 1, True)
         for seq in seqs:
             seq.spec.drafter_advanced(seq.num_tokens)  # through the root; tree slots stay speculative
         tokens = draft_tree(tree, seqs, [batch.max_num_drafts[i] for i in rows], [seq.num_tokens - 1 for seq in seqs],
