@@ -27,7 +27,7 @@ SERVE_BENCH ?= --methods llama-server,none,ngram,suffix --workload 'chat,chat*4,
 	--min-requests 16 --max-tokens 128 --time-limit 120
 
 .PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
-	ik-llama-bench bench-scale llama-server bench-vs-llamacpp-server clean
+	ik-llama-bench bench-scale llama-server bench-vs-llamacpp-server bench-never-loses clean
 
 install: $(VENV)/.installed
 
@@ -142,6 +142,11 @@ $(SERVE_GGUF): | $(LLAMACPP)/.installed install
 bench-vs-llamacpp-server: install llama-server $(SERVE_GGUF)
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_serve.py --model $(SERVE_GGUF) \
 		--llama-server $(LLAMA_SERVER) $(SERVE_BENCH) --out benchmarks/results/serve-llamacpp-$$(date +%F).json
+
+# every method beside plain decoding on both files (benchmarks/bench_never_loses.py)
+bench-never-loses: install $(SERVE_GGUF)
+	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_never_loses.py \
+		--models HuggingFaceTB/SmolLM2-135M-Instruct,$(SERVE_GGUF) --out benchmarks/results/never-loses-$$(date +%F).json
 
 bench-scale: install llamacpp llama-bench ik-llama-bench
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_scale.py --llamacpp-python $(LLAMACPP)/bin/python \

@@ -75,8 +75,12 @@ def test_results_json_has_every_configuration_with_sane_numbers(bench_run, promp
         assert r["num_output_tokens"] > 0 and r["ttft_ms"] > 0 and r["tpot_ms"] > 0 and r["itl_ms"] > 0
         assert r["speedup"] > 0
         if r["method"] == "none":
-            assert r["acceptance_rate"] is None and r["outputs_match_none"] is None
+            assert r["acceptance_rate"] is None and r["outputs_match_none"] is None and r["rows_per_token"] == 1
             continue
+        # rows per token: one per step and sequence plus the drafts, over the tokens the steps gave
+        drafted, accepted = r["num_draft_tokens"], r["num_accepted_tokens"]
+        total = r["num_output_tokens"] * r["repeats"]
+        assert r["rows_per_token"] == pytest.approx((total - accepted + drafted) / total)
         assert r["outputs_match_none"] == 2  # float32 greedy: speculation never changes the output
         assert 0 <= r["acceptance_rate"] <= 1 and 1 <= r["mean_acceptance_length"] <= r["num_speculative_tokens"] + 1
         per_pos = r["per_position_acceptance"]
@@ -136,13 +140,31 @@ def test_rounds_interleave_candidates_and_drop_settled_ones():
     assert [len(r.passes_tokens_per_s) for r in rows] == [2, 3, 2]
 
 
+def test_labels_define_variants_at_their_own_depth():
+    """A labelled --speculative-config is a configuration of its own, beside its method's; one with
+    its own num_speculative_tokens runs at that depth only."""
+    from draftwise.bench.options import _spec_options, configurations
+
+    spec = _spec_options(['{"method": "ngram", "prompt_lookup_min": 2}',
+                          '{"method": "ngram", "label": "ngram-long", "prompt_lookup_min": 4, "num_speculative_tokens": 9}'])
+    options = BenchOptions(workloads=["w"], methods=["none", "ngram", "ngram-long"], depths=[1, 3], concurrency=[1],
+                           out=Path("."), spec_options=spec)
+    found = {c.label: c.speculative_config for c in configurations(options)}
+    assert list(found) == ["none", "ngram K=1", "ngram K=3", "ngram-long K=9"]
+    assert found["ngram K=3"] == {"prompt_lookup_min": 2, "method": "ngram", "num_speculative_tokens": 3}
+    assert found["ngram-long K=9"] == {"prompt_lookup_min": 4, "method": "ngram", "num_speculative_tokens": 9}
+
+
 BAD = [
     (["--methods", "none,magic"], "unknown method 'magic'"),
     (["--concurrency", "4", "--num-prompts", "2"], "--concurrency 4 needs at least as many prompts"),
     (["--speculative-config", "{bad"], "--speculative-config is not valid JSON"),
     (["--speculative-config", "[1]"], "--speculative-config must be a JSON object"),
     (["--additional-config", "{bad"], "--additional-config is not valid JSON"),
-    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "leave out num_speculative_tokens"),
+    (["--speculative-config", '{"method": "ngram", "label": "a,b"}'], '"label" must be a name without commas'),
+    (["--speculative-config", '{"method": "ngram", "label": "x"}', "-sc", '{"method": "suffix", "label": "x"}'],
+     "given twice for 'x'"),
+    (["--speculative-config", '{"method": "magic", "label": "x"}', "--methods", "none,x"], "magic"),
     (["--speculative-config", '{"method": "suffix"}', "--methods", "none,ngram"], "not in --methods"),
     (["--speculative-config", '{"method": "ngram", "prompt_lookup_max": -1}'], "prompt_lookup_max"),
     (["--methods", "none,draft_model"], "needs 'model'"),

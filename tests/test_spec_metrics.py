@@ -12,7 +12,8 @@ from draftwise.engine.drafting.step_cost import StepCostModel
 
 KEYS = {"spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
         "spec_decode_num_accepted_tokens_per_pos", "spec_decode_acceptance_rate",
-        "spec_decode_mean_acceptance_length", "spec_decode_per_position_acceptance", "spec_decode_draft_limits"}
+        "spec_decode_mean_acceptance_length", "spec_decode_per_position_acceptance", "spec_decode_draft_limits",
+        "spec_decode_step_cost"}
 
 
 @pytest.fixture(scope="module")

@@ -231,6 +231,20 @@ def test_further_key_cost_is_measured_and_priced(tiny_llm):
     assert model.further_key_share == 1.0
 
 
+def test_stats_say_what_drafts_were_priced_with():
+    """The model reports its step time by rows, its key costs, and its mean prediction against the
+    observed time of the steps it learnt from (each predicted before it learnt from that step)."""
+    model = StepCostModel(64)
+    assert model.as_stats()["spec_decode_step_cost"]["num_steps"] == 0
+    model.seed({1: 0.010, 8: 0.012}, key_seconds=KEY_SECONDS, further_key_seconds=KEY_SECONDS / 2)
+    predicted = model.seconds(4, 500)
+    model.observe(4, 0.020, 500)
+    stats = model.as_stats()["spec_decode_step_cost"]
+    assert stats["num_steps"] == 1 and stats["mean_observed_ms"] == 20.0
+    assert stats["mean_predicted_ms"] == round(predicted * 1e3, 3) and stats["draft_key_share"] == 0.5
+    assert set(stats["step_ms_by_rows"]) == {1, 2, 4, 8, 16} and stats["ms_per_1000_keys"] > 0
+
+
 def test_keys_count_decode_rows_only():
     """A decode with 2 drafts at context 40 and a plain decode at 10 read 3 * 43 + 11 keys; a
     prefill chunk beside them reads none (its rows are priced by rows alone)."""

@@ -10,6 +10,11 @@ as ``LLM`` checks it (so a ``draft_model`` without ``model`` fails at once, not 
 
 Example: ``--methods none,ngram --num-speculative-tokens 1,3`` gives ``none``, ``ngram K=1``,
 ``ngram K=3``.
+
+A ``--speculative-config`` with a ``"label"`` defines a variant under that name, usable in
+``--methods`` beside the methods themselves (``-sc '{"method": "eagle3", "label": "eagle3+suffix",
+"enable_suffix_decoding": true, ...}' --methods none,eagle3+suffix``); one with its own
+``num_speculative_tokens`` runs at that depth only, whatever ``--num-speculative-tokens`` says.
 """
 from __future__ import annotations
 
@@ -34,10 +39,12 @@ class Configuration:
     num_speculative_tokens: int | None = None
     speculative_config: dict | None = None  # what LLM(speculative_config=...) gets
     grammar_drafts: bool | None = None
+    name: str | None = None  # a --speculative-config "label" (None: the method's name)
 
     @property
     def label(self) -> str:
-        label = self.method if self.num_speculative_tokens is None else f"{self.method} K={self.num_speculative_tokens}"
+        name = self.name or self.method
+        label = name if self.num_speculative_tokens is None else f"{name} K={self.num_speculative_tokens}"
         return label + {None: "", True: " +grammar", False: ""}[self.grammar_drafts]
 
 
@@ -63,19 +70,20 @@ class BenchOptions:
     compilation_config: dict | int | None = None  # likewise LLM(compilation_config=...)
     enforce_eager: bool = False
     compare: list[str] = field(default_factory=list)
-    spec_options: dict[str, dict] = field(default_factory=dict)  # method -> its extra speculative_config keys
+    spec_options: dict[str, dict] = field(default_factory=dict)  # method or label -> its speculative_config keys
     structured_outputs: bool = False  # constrain each prompt that has a JSON schema (the json workload) to it
     compact_json: bool = False  # with structured_outputs: no free whitespace (disable_any_whitespace)
     grammar_drafts: list[str] = field(default_factory=lambda: ["on"])  # with structured outputs: on, off or both
 
     def __post_init__(self) -> None:
-        known = ["none", *registered_methods()]
+        known = ["none", *registered_methods(), *self.spec_options]
         for method in self.methods:
             if method not in known:
-                raise ValueError(f"--methods: unknown method {method!r}; choose from {', '.join(known)}")
-        for method in self.spec_options:
-            if method not in self.methods:
-                raise ValueError(f"--speculative-config for {method!r}, which is not in --methods {self.methods}")
+                raise ValueError(f"--methods: unknown method {method!r}; choose from {', '.join(dict.fromkeys(known))} "
+                                 "(or define a label with --speculative-config)")
+        for name in self.spec_options:
+            if name not in self.methods:
+                raise ValueError(f"--speculative-config for {name!r}, which is not in --methods {self.methods}")
         if self.max_tokens < 1 or self.num_prompts < 1:
             raise ValueError("--max-tokens and --num-prompts must be >= 1")
         if self.num_prompts < max(self.concurrency):
@@ -120,10 +128,14 @@ def configurations(options: BenchOptions) -> list[Configuration]:
         if method == "none":
             found.append(Configuration("none"))
             continue
-        for depth in options.depths:
-            raw = {**options.spec_options.get(method, {}), "method": method, "num_speculative_tokens": depth}
+        extra = dict(options.spec_options.get(method, {}))
+        name = method if extra.get("method", method) != method else None
+        spec_method = extra.pop("method", method)
+        own_depth = extra.pop("num_speculative_tokens", None)
+        for depth in options.depths if own_depth is None else [own_depth]:
+            raw = {**extra, "method": spec_method, "num_speculative_tokens": depth}
             EngineConfig(speculative_config=raw)  # raises ValueError naming the bad key
-            found.append(Configuration(method, depth, raw))
+            found.append(Configuration(spec_method, depth, raw, name=name))
     if options.structured_outputs:
         found = [dataclasses.replace(config, grammar_drafts=value == "on")
                  for config in found for value in options.grammar_drafts]
@@ -131,19 +143,21 @@ def configurations(options: BenchOptions) -> list[Configuration]:
 
 
 def _spec_options(values: list[str]) -> dict[str, dict]:
-    """``{"method": m, key: value, ...}`` JSON objects -> ``{m: {key: value}}``, one per method."""
+    """``{"method": m, key: value, ...}`` JSON objects -> ``{m: {key: value}}``, one per method; one
+    with a ``"label"`` -> ``{label: {"method": m, key: value}}``, a variant of its own."""
     found: dict[str, dict] = {}
     for text in values:
         raw = json_flag("--speculative-config", text)
         if not isinstance(raw.get("method"), str):
             raise ValueError(f'--speculative-config must be a JSON object with a "method", got {text!r}')
-        if "num_speculative_tokens" in raw:
-            raise ValueError("--speculative-config: leave out num_speculative_tokens; "
-                             "the depths come from --num-speculative-tokens")
-        method = raw.pop("method")
-        if method in found:
-            raise ValueError(f"--speculative-config given twice for method {method!r}")
-        found[method] = raw
+        label = raw.pop("label", None)
+        if label is not None and (not isinstance(label, str) or not label or label == "none" or "," in label):
+            raise ValueError(f'--speculative-config: "label" must be a name without commas, other than none; '
+                             f"got {label!r}")
+        name = label or raw.pop("method")
+        if name in found:
+            raise ValueError(f"--speculative-config given twice for {name!r}")
+        found[name] = raw
     return found
 
 

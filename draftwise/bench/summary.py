@@ -67,6 +67,16 @@ class Measurement:
     grammar: tuple[int, int, float] | None = None  # grammar drafts, accepted, share of the passes' time
     speedup: float | None = None  # over draftwise "none" at the same concurrency
     num_matched: int | None = None  # first-pass outputs equal to "none"'s (None: nothing to compare)
+    total_output_tokens: int = 0  # of every pass
+
+    @property
+    def rows_per_token(self) -> float:
+        """Target rows verified per output token: each step runs one row per sequence plus its drafts,
+        and yields one token plus the accepted drafts (1.0 without speculation)."""
+        spec, total = self.spec, self.total_output_tokens
+        if spec is None or total <= 0:
+            return 1.0
+        return (total - spec.num_accepted_tokens + spec.num_draft_tokens) / total
 
     @property
     def tokens_per_s(self) -> float:
@@ -87,6 +97,7 @@ class Measurement:
             "stable": self.stable, "speedup": self.speedup, "num_output_tokens": self.num_output_tokens,
             "acceptance_rate": spec.acceptance_rate if spec else None,
             "mean_acceptance_length": spec.mean_acceptance_length if spec else None,
+            "rows_per_token": self.rows_per_token,
             "per_position_acceptance": spec.per_position_acceptance if spec else None,
             "num_drafts": spec.num_drafts if spec else None,
             "num_draft_tokens": spec.num_draft_tokens if spec else None,
@@ -111,7 +122,7 @@ def summarize(passes: list[PassResult], max_rel_error: float, **labels) -> Measu
     tokens_per_s = [p.tokens_per_s for p in passes]
     return Measurement(
         **labels, passes_tokens_per_s=tokens_per_s, stable=relative_error(tokens_per_s) <= max_rel_error,
-        num_output_tokens=passes[0].num_tokens, spec=spec,
+        num_output_tokens=passes[0].num_tokens, total_output_tokens=sum(p.num_tokens for p in passes), spec=spec,
         passes_acceptance_rate=[p.spec.acceptance_rate for p in passes if p.spec is not None],
         ttft_s=_median([s.ttft for s in samples if s.ttft is not None]),
         itl_s=_median([g for s in samples for g in s.gaps]),

@@ -446,12 +446,14 @@ class LLMEngine:
     def get_spec_decode_stats(self) -> dict:
         """Speculative decoding counters since start-up and their derived rates (empty without speculation),
         why sequences drafted fewer than ``num_speculative_tokens`` (``spec_decode_draft_limits``, by the
-        reasons of ``drafting/plan.py``), and the grammar's drafts (``grammar_num_draft_tokens``,
+        reasons of ``drafting/plan.py``), what drafts were priced with (``spec_decode_step_cost``: the
+        step-cost model's predicted step time by rows, its key costs, and its mean predicted vs observed
+        time of the decode steps it learnt from), and the grammar's drafts (``grammar_num_draft_tokens``,
         ``..._accepted_tokens``) once structured outputs ran."""
         spec = {}
         if self.speculator:
             spec = (self.speculator.stats.as_dict() | self.speculator.proposer.source_stats()
-                    | self.speculator.draft_limits.as_dict())
+                    | self.speculator.draft_limits.as_dict() | self.decode_cost.as_stats())
         return {**spec, **self.structured.spec_stats()}
 
     # ------------------------------------------------------------------ helpers

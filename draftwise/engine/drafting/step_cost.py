@@ -94,6 +94,7 @@ class StepCostModel:
         self.key_seconds = 0.0  # the seed's seconds per decode key (one row reading one key of its context)
         self.further_key_share = 1.0  # a key read by a sequence's further rows, in first-row keys
         self.frozen = False
+        self.num_observed, self.predicted_seconds, self.observed_seconds = 0, 0.0, 0.0  # steps seen once ready
         self._fit: tuple | None = None  # (the state it was fitted on, known knots, their xs, ys): see _known
 
     @classmethod
@@ -154,6 +155,10 @@ class StepCostModel:
         if self.frozen or num_rows < 1 or not seconds > 0.0:
             return
         num_rows = min(num_rows, self.knots[-1])
+        if self._known():  # what the model said before it learns from this step
+            self.num_observed += 1
+            self.predicted_seconds += self.seconds(num_rows, num_keys)
+            self.observed_seconds += seconds
         if self.prior[0] is not None:
             expected = float(np.interp(num_rows, self.knots, self.prior)) + self.key_seconds * num_keys
             self.drift_count += 1.0
@@ -201,6 +206,16 @@ class StepCostModel:
             return {}
         scale = 1.0 if self.frozen else 1e3
         return {r: round(self.seconds(r) * scale, 3) for r in rows if r <= self.knots[-1]}
+
+    def as_stats(self) -> dict:
+        """What drafts are priced with, for ``get_spec_decode_stats``: predicted step milliseconds by
+        rows now, the key costs, and the mean predicted vs observed time of the steps it learnt from."""
+        n = self.num_observed
+        return {"spec_decode_step_cost": {
+            "step_ms_by_rows": self.snapshot((1, 2, 4, 8, 16)),
+            "ms_per_1000_keys": round(self.key_cost * 1e6, 4), "draft_key_share": round(self.further_key_share, 3),
+            "num_steps": n, "mean_predicted_ms": round(self.predicted_seconds / n * 1e3, 3) if n else None,
+            "mean_observed_ms": round(self.observed_seconds / n * 1e3, 3) if n else None}}
 
     def describe(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> str:
         """``rows: ms`` for a log line, e.g. ``1: 19.6 ms, 2: 24.0 ms, ...``."""
