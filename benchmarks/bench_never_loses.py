@@ -7,8 +7,13 @@ turns rotating until each is stable) on chat, code edits and JSON (greedy), then
 at ``--temperature``, at each ``--concurrency`` level. Every method is run as a new user would
 configure it; the draft-length policy decides how much of it to use.
 
-Reported per cell: output tokens/s, its ratio to plain on the same file, workload, level and
-temperature, mean acceptance length, target rows verified per output token
+Every candidate runs every round (``--rounds`` passes each), its turn rotating, so the passes of
+round ``i`` ran within a minute of each other: ``vs plain`` is the median over rounds of a
+candidate's tokens/s over plain's in the same round (drift of a shared machine cancels in each
+ratio), with the rounds' range beside it.
+
+Reported per cell: output tokens/s (median of the rounds), the ratio to plain on the same file,
+workload, level and temperature, mean acceptance length, target rows verified per output token
 (``Measurement.rows_per_token``: 1 for plain), whether greedy outputs equal plain's, and, per
 file, the cells below ``FLOOR`` x plain. The results JSON (``--out``) holds one table per file
 and temperature plus the verdict; ``render_page.py`` shows the newest under ``never-loses``.
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -56,22 +62,33 @@ def run_file(model: str, workloads: list[str], temperature: float, args) -> list
     options = BenchOptions(workloads=workloads, methods=["none", *configs], depths=[1],
                            concurrency=args.concurrency, out=Path(args.scratch), model=model,
                            max_tokens=args.max_tokens, num_prompts=args.num_prompts, temperature=temperature,
-                           min_repeats=min(2, args.max_repeats), max_repeats=args.max_repeats, spec_options=spec)
+                           min_repeats=args.rounds, max_repeats=args.rounds, spec_options=spec)
     run = run_bench(options)
     compare_outputs(run.measurements)
     return run.measurements
 
 
-def table(name: str, temperature: float, measurements: list[Measurement]) -> dict:
-    rows = [[m.workload, m.label.split(" K=")[0], m.concurrency, round(m.tokens_per_s, 1), f"{m.spread:.0%}",
-             f"{m.speedup:.2f}x" if m.speedup else "-",
+def paired_ratios(measurements: list[Measurement]) -> dict[int, list[float]]:
+    """Per measurement (by id), its tokens/s over plain's in each round, same workload and level."""
+    plain = {(m.workload, m.concurrency): m for m in measurements if m.method == "none"}
+    found = {}
+    for m in measurements:
+        base = plain[(m.workload, m.concurrency)].passes_tokens_per_s
+        found[id(m)] = [a / b for a, b in zip(m.passes_tokens_per_s, base)]
+    return found
+
+
+def table(name: str, temperature: float, measurements: list[Measurement], ratios: dict[int, list[float]]) -> dict:
+    rows = [[m.workload, m.label.split(" K=")[0], m.concurrency, round(m.tokens_per_s, 1),
+             f"{statistics.median(ratios[id(m)]):.2f}x",
+             f"{min(ratios[id(m)]):.2f}-{max(ratios[id(m)]):.2f}",
              round(m.spec.mean_acceptance_length, 2) if m.spec and m.spec.num_drafts else "-",
              round(m.rows_per_token, 2),
              "-" if m.num_matched is None or temperature > 0 else f"{m.num_matched}/{len(m.outputs)}"]
             for m in measurements]
     return {"title": f"{name}, {'greedy' if temperature == 0 else f'temperature {temperature}'}",
-            "columns": ["workload", "method", "conc", "tokens/s", "spread", "vs plain", "mean len", "rows/token",
-                        "match"],
+            "columns": ["workload", "method", "conc", "tokens/s", "vs plain", "rounds' range", "mean len",
+                        "rows/token", "match"],
             "rows": rows}
 
 
@@ -90,7 +107,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8])
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4, help="passes of every candidate, in rotating rounds")
     parser.add_argument("--scratch", default="/tmp/never-loses")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -102,9 +119,11 @@ def main() -> None:
                                                      if args.sampled else [])
         for temperature, workloads in runs:
             measurements = run_file(model, workloads, temperature, args)
-            tables.append(table(name, temperature, measurements))
-            losses += [f"{name} t={temperature} {m.workload} c={m.concurrency} {m.label}: {m.speedup:.2f}x"
-                       for m in measurements if m.method != "none" and m.speedup and m.speedup < FLOOR]
+            ratios = paired_ratios(measurements)
+            tables.append(table(name, temperature, measurements, ratios))
+            losses += [f"{name} t={temperature} {m.workload} c={m.concurrency} {m.label}: "
+                       f"{statistics.median(ratios[id(m)]):.2f}x"
+                       for m in measurements if m.method != "none" and statistics.median(ratios[id(m)]) < FLOOR]
             print(json.dumps(tables[-1], indent=1), flush=True)
     info = machine_info()
     result = {"benchmark": "never-loses", "date": time.strftime("%Y-%m-%d"),

@@ -11,6 +11,7 @@ from conftest import PROMPTS, greedy
 from draftwise import LLM
 from draftwise.engine.drafting.length import CATCH_UP_SHARE, PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
 from draftwise.engine.drafting.step_cost import StepCostModel
+from draftwise.spec_decode.proposers.draft_model import DraftModelProposer
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
 
@@ -63,9 +64,34 @@ def test_model_drafters_measure_their_forwards(tiny_model_dir, spec_dirs):
     for method in ("eagle", "draft_model", "dflash"):
         llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=spec_configs(spec_dirs)[method])
         proposer = llm.llm_engine.speculator.proposer
-        assert proposer.drafting_seconds(3) == 0.0  # nothing timed yet: drafts are tried first
+        # nothing timed yet, drafts are tried first; a draft model is timed at start-up (warm_up)
+        assert (proposer.drafting_seconds(3) > 0.0) == (method == "draft_model")
         llm.generate(PROMPTS[:2], greedy(12, ignore_eos=True), use_tqdm=False)
         assert proposer.drafting_seconds(3) > 0.0 and proposer.drafting_seconds(0) == 0.0, method
+
+
+def test_a_draft_model_is_warmed_up_and_prices_its_catch_up(tiny_model_dir, spec_dirs):
+    """The draft model runs at start-up (its first forward is slow: that is not a request's cost, so
+    it is not timed; then a first forward at two sizes and a draft's are, and no block is kept), so
+    from the first request a sequence whose drafter lags prices its catch-up, one that does not none."""
+    from test_spec_equivalence import spec_configs
+
+    calls = []
+    original = DraftModelProposer.warm_up
+    DraftModelProposer.warm_up = lambda self, blocks: calls.append(blocks.num_free_blocks) or original(self, blocks)
+    try:
+        llm = LLM(model=str(tiny_model_dir), dtype="float32", speculative_config=spec_configs(spec_dirs)["draft_model"])
+    finally:
+        DraftModelProposer.warm_up = original
+    engine = llm.llm_engine
+    proposer = engine.speculator.proposer
+    assert calls == [engine.block_manager.num_blocks] and engine.block_manager.num_free_blocks == calls[0]
+    assert proposer.drafting_seconds(3) > 0.0 and proposer.catch_up_seconds([]) == []  # timed at start-up
+    lagging = Sequence("lag", 0, list(range(200)), SamplingParams(), 0, 0.0)
+    current = Sequence("cur", 1, list(range(200)), SamplingParams(), 0, 0.0)
+    current.spec.drafter_num_computed_tokens = 199
+    lag, cur = proposer.catch_up_seconds([lagging, current])
+    assert lag > 0.0 and cur == 0.0
 
 
 def test_allocation_is_the_best_set_of_prefixes():

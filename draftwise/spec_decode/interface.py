@@ -155,6 +155,10 @@ class Proposer(ABC):
         The engine's ``KVPool`` sizes it together with the target's and allocates it."""
         return None
 
+    def warm_up(self, block_manager) -> None:
+        """Run the drafter once at start-up (on a throw-away sequence of ``block_manager``), so what a
+        first forward sets up is not paid by a request, nor priced as drafting. Nothing by default."""
+
     def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
         """Receive the pool's tensor for ``kv_cache_spec``,
         ``[num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim]``."""

@@ -63,6 +63,9 @@ class SuffixMix(Proposer):
     def drafting_seconds(self, depth: int) -> float:
         return self.model.drafting_seconds(depth)
 
+    def warm_up(self, block_manager) -> None:
+        self.model.warm_up(block_manager)
+
     def catch_up_seconds(self, seqs) -> list[float]:
         return self.model.catch_up_seconds(seqs)
 

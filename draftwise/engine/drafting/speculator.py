@@ -77,6 +77,7 @@ class Speculator:
         self.block_manager = pool.block_manager
         if DRAFTER_KV in pool.tensors:
             self.proposer.bind_kv_cache(pool.tensor(DRAFTER_KV))
+        self.proposer.warm_up(self.block_manager)
 
     def price_with(self, step_cost: StepCostModel) -> None:
         """Price drafts with the engine's step-cost model (until then every draft is kept)."""

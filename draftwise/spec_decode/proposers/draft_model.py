@@ -29,6 +29,7 @@ shard of it, as of the target, and each draft forward runs on all of them.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -46,6 +47,7 @@ from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, regis
 from ..tree_drafting import draft_tree
 
 DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
+WARM_UP_TOKENS = 16
 
 
 @register
@@ -117,6 +119,22 @@ class DraftModelProposer(Proposer):
         else:
             self.paged = ShardedPagedModel(self.model, kv_cache, self.target.block_size, self.target.device, None,
                                            self.executor, name="draft")
+
+    @torch.inference_mode()
+    def warm_up(self, block_manager) -> None:
+        """A forward of a short throw-away prompt (the drafter's first one costs ~50 of its later ones),
+        then timed ones: a step's first forward at that size and at a steady step's, and a draft's
+        (so a catch-up is priced before any request paid one)."""
+        num_tokens = min(WARM_UP_TOKENS, self.target.max_model_len)
+        with block_manager.scratch("drafter-warm-up", num_tokens, num_tokens) as seq:
+            if seq is None:
+                return
+            steady = min(num_tokens, self.config.num_speculative_tokens + 1)
+            for rows, timing in ((num_tokens, None), (num_tokens, self.first_timer.timing(num_tokens)),
+                                 (steady, self.first_timer.timing(steady)), (1, self.timer.timing())):
+                with timing or contextlib.nullcontext():
+                    self.paged.forward_with_logits([ForwardInput(seq.all_token_ids[:rows], 0, seq.block_ids)], (),
+                                                   torch.tensor([rows - 1]))
 
     @torch.inference_mode()
     def propose(self, batch: ProposeBatch) -> DraftBatch:
