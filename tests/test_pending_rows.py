@@ -26,7 +26,7 @@ def _run(model_dir, config: dict, drafts_now, max_rows: int = 1000):
     state = {"step": 0, "drafting_steps": 0, "ingests": 0, "lag": 0}
     proposed = {}
 
-    def limits(seqs, max_num_drafts, num_base_rows, drafting_seconds=None):
+    def limits(seqs, max_num_drafts, num_base_rows, drafting_seconds=None, catch_up=None):
         chosen = [limit if drafts_now(state["step"], seq) else 0 for seq, limit in zip(seqs, max_num_drafts)]
         state["step"] += 1
         state["drafting_steps"] += any(chosen)
