@@ -137,6 +137,25 @@ def test_allocation_with_keys_is_the_best_set_of_prefixes():
         assert np.isclose(rate(policy.allocate(gains, len(gains), context_lens=lens)), best)
 
 
+def test_few_and_many_drafts_are_priced_alike(monkeypatch):
+    """A batch's drafts are priced one by one when few and in one numpy pass when many: the same choice."""
+    from draftwise.engine.drafting import length
+
+    rng = random.Random(2)
+    for _ in range(40):
+        model = StepCostModel(256)
+        model.seed({1: 0.02, 8: 0.021 + rng.uniform(0, 0.01), 64: 0.02 + 63 * rng.uniform(0.0, 0.002)},
+                   key_seconds=2e-6, further_key_seconds=1e-6)
+        policy = DraftLengthPolicy(model)
+        gains = [sorted((rng.random() for _ in range(rng.randint(0, 6))), reverse=True) for _ in range(6)]
+        lens = [rng.randint(50, 4000) for _ in gains]
+        chain = lambda depth: 0.001 * depth  # noqa: E731
+        few = policy.allocate(gains, len(gains), chain, lens)
+        monkeypatch.setattr(length, "FEW_DRAFTS", 0)
+        assert policy.allocate(gains, len(gains), chain, lens) == few
+        monkeypatch.setattr(length, "FEW_DRAFTS", 16)
+
+
 def test_a_draft_of_a_long_sequence_pays_for_its_keys():
     """Rows nearly free (bf16 on a 2-core CPU), each key read 2.3 us (measured on SmolLM2): 8
     sequences at a 128-token context draft at 50% acceptance, at a 3000-token one they do not,

@@ -73,6 +73,7 @@ The choice only changes speed: verification is lossless whatever the length.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 
 import numpy as np
 
@@ -80,6 +81,7 @@ from ...sequence import Sequence
 from ...spec_decode.token_tree import TokenTree
 from .step_cost import StepCostModel
 
+FEW_DRAFTS = 16  # up to this many drafts in a batch are priced one by one, more in one numpy pass
 PRIOR = 0.5  # acceptance assumed before any draft was verified
 PRIOR_PSEUDO = 4.0  # weight of PRIOR in the policy's prior, in trials
 PRIOR_DECAY = 0.995  # per verified draft of any sequence
@@ -174,18 +176,29 @@ class DraftLengthPolicy:
         chosen = [0] * len(gains)
         if not entries:
             return chosen
-        rows = max(1, num_base_rows) + np.arange(len(entries) + 1, dtype=np.float64)
-        share = self.step_cost.further_key_share  # a draft row's keys, in first-row keys
-        keys = sum(lens) + share * np.concatenate(([0.0], np.cumsum([lens[i] + j + 1 for _, j, i in entries])))
-        seconds = self.step_cost.seconds_many(rows, keys)
-        if not self.step_cost.frozen:
-            depths = np.maximum.accumulate([0] + [j + 1 for _, j, _ in entries])  # deepest draft of each prefix
-            seconds = seconds + np.array([drafting_seconds(int(d)) for d in depths])
-        tokens = len(gains) + np.concatenate(([0.0], np.cumsum([e[0] for e in entries])))
-        best = int(np.argmax(tokens / seconds))  # the first of equal rates: fewer rows
+        best = self._best_prefix(entries, len(gains), lens, num_base_rows, drafting_seconds)
         for _, _, i in entries[:best]:
             chosen[i] += 1
         return chosen
+
+    def _best_prefix(self, entries: list[tuple[float, int, int]], num_seqs: int, lens: list[int],
+                     num_base_rows: int, drafting_seconds: DraftingSeconds) -> int:
+        """How many of the ranked ``entries`` give the most expected tokens per second (the first of
+        equal rates: fewer rows). A few are priced one by one, many in one vectorised pass."""
+        cost, base, share = self.step_cost, max(1, num_base_rows), self.step_cost.further_key_share
+        added_keys = [share * (lens[i] + j + 1) for _, j, i in entries]  # a draft row's keys, in first-row keys
+        depths = list(accumulate([0] + [j + 1 for _, j, _ in entries], max))  # deepest draft of each prefix
+        tokens = list(accumulate([float(num_seqs)] + [e[0] for e in entries]))
+        if len(entries) <= FEW_DRAFTS:  # numpy's per-call cost would exceed the work
+            keys = list(accumulate([float(sum(lens))] + added_keys))
+            seconds = [cost.seconds(base + m, keys[m]) for m in range(len(entries) + 1)]
+        else:
+            keys = sum(lens) + np.concatenate(([0.0], np.cumsum(added_keys)))
+            seconds = cost.seconds_many(base + np.arange(len(entries) + 1, dtype=np.float64), keys).tolist()
+        if not cost.frozen:
+            seconds = [t + drafting_seconds(d) for t, d in zip(seconds, depths)]
+        rates = [n / t for n, t in zip(tokens, seconds)]
+        return rates.index(max(rates))
 
     def _ranked(self, gains: list[list[float]], lens: list[int], num_base_rows: int) -> list[tuple[float, int, int]]:
         """Every draft with a gain as ``(gain, j, i)``, best gain per second first: its row's share of
@@ -195,7 +208,7 @@ class DraftLengthPolicy:
         if not entries:
             return []
         cost, base = self.step_cost, max(1, num_base_rows)
-        first, last = cost.seconds_many(np.array([base, base + len(entries)], dtype=np.float64))
+        first, last = cost.seconds(base), cost.seconds(base + len(entries))
         row_slope = (last - first) / len(entries)
         key_cost = cost.key_cost * cost.further_key_share
         per_draft = [max(row_slope + key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]

@@ -123,9 +123,10 @@ class StepCostModel:
     def seconds(self, num_rows: float, num_keys: float = 0.0) -> float | None:
         """Predicted wall time of a step of ``num_rows`` rows whose decode rows read ``num_keys``
         keys; None before any step was seen."""
-        if not self._known():
+        known = self._known()
+        if not known:
             return None
-        return float(self.seconds_many(np.array([num_rows], dtype=np.float64), num_keys)[0])
+        return _interp_known(known, num_rows) + self.key_cost * num_keys  # (scalar: every step prices a few)
 
     def seconds_many(self, num_rows: np.ndarray,  # [n]
                      num_keys: np.ndarray | float = 0.0) -> np.ndarray:  # [n] (or one count for all)
@@ -276,8 +277,18 @@ class StepCostModel:
         known = self._known()
         if x1 == x0 or len(known) < 2 or x0 < known[0][0] or x1 > known[-1][0]:
             return 0.0
-        y0, y1 = np.interp([x0, x1], [x for x, _ in known], [y for _, y in known])  # one pass over the knots
-        return max(0.0, (y1 - y0) / (x1 - x0))
+        return max(0.0, (_interp_known(known, x1) - _interp_known(known, x0)) / (x1 - x0))
+
+
+def _interp_known(known: list[tuple[int, float]], x: float) -> float:
+    """``_row_seconds`` at one row count: the known knots interpolated, flat below the first,
+    extended past the last with the slope of the last two."""
+    if x <= known[0][0] or len(known) == 1:
+        return known[0][1] if x <= known[0][0] else known[-1][1]
+    j = bisect.bisect_left(known, (x, float("-inf"))) - 1  # known[j][0] < x <= known[j + 1][0], or past the end
+    j = min(j, len(known) - 2)
+    (x0, y0), (x1, y1) = known[j], known[j + 1]
+    return y0 + (y1 - y0) / (x1 - x0) * (x - x0)
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
