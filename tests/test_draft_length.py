@@ -273,6 +273,12 @@ def test_a_drafter_catch_up_is_weighed_against_the_steps_left():
             for _ in range(4 * PROBE_EVERY)]
     # (the step before counted as idle too): a probe once it is cheap enough, one draft
     assert 3 * PROBE_EVERY - 3 <= idle.index(1) <= 3 * PROBE_EVERY - 1 and sum(idle) == 1
+    fixed = _linear(0.35)  # its unit is a one-row step, not seconds: catch-ups are not weighed
+    failing = Sequence("f", 9, [1, 2, 3], SamplingParams(), 0, 0.0)
+    for _ in range(10):
+        fixed.observe(failing, 4, 0)
+    probes = [fixed.limits([failing], [4], 1, catch_up=[(10.0, 200)])[0] for _ in range(PROBE_EVERY)]
+    assert probes[-1] == 1 and sum(probes) == 1
 
 
 def test_confident_prefix_is_kept_and_doubtful_tail_cut():

@@ -150,7 +150,8 @@ class DraftLengthPolicy:
             return
         candidates = [i for i, limit in enumerate(max_num_drafts) if limit > 0]
         best = min(candidates, key=lambda i: _probe_cost(seqs[i]))
-        if catch_up is None or catch_up[best][0] <= PROBE_SHARE * self.idle_seconds:
+        # (a fixed model prices in one-row steps, not seconds: there catch-ups are not weighed)
+        if catch_up is None or not step_seconds or catch_up[best][0] <= PROBE_SHARE * self.idle_seconds:
             self.idle_steps, self.idle_seconds = 0, 0.0
             chosen[best] = 1  # one draft
 
