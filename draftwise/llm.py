@@ -36,7 +36,9 @@ class LLM:
         Keys: ``spec_decode_num_drafts``, ``spec_decode_num_draft_tokens``,
         ``spec_decode_num_accepted_tokens``, ``spec_decode_num_accepted_tokens_per_pos``,
         ``spec_decode_acceptance_rate``, ``spec_decode_mean_acceptance_length``,
-        ``spec_decode_per_position_acceptance``. Empty without speculative decoding.
+        ``spec_decode_per_position_acceptance``; beyond vLLM's, ``spec_decode_draft_limits`` (what
+        limited each sequence's drafts, per step) and ``spec_decode_step_cost`` (the step times the
+        drafts were priced with, predicted vs observed). Empty without speculative decoding.
         """
         return self.llm_engine.get_spec_decode_stats()
 
