@@ -108,12 +108,13 @@ class Speculator:
             return []  # (a proposer reading hidden states still sees the rows of prefill chunks)
         num_base_rows = len(seqs)
         plan = DraftPlan.start([seq.seq_id for seq in seqs], self.num_spec_tokens)
-        self._limit_per_sequence(plan, seqs)
+        slots = [seq.num_draft_slots(self.max_model_len) for seq in seqs]  # room before max_tokens / max_model_len
+        self._limit_per_sequence(plan, seqs, slots)
         batch_limit = self.batch_limits.num_spec_tokens(len({seq.request_id for seq in seqs}), len(seqs),
                                                         self.num_spec_tokens)
         plan.limit("batch_size", [batch_limit] * len(seqs))
         catch_up = list(zip(self.proposer.catch_up_seconds(seqs),
-                            [seq.num_draft_slots(self.max_model_len) + 1 for seq in seqs]))
+                            [num + 1 for num in slots]))
         plan.limit("step_cost", self.policy.limits(seqs, list(plan.num_drafts), num_base_rows,
                                                    self.proposer.drafting_seconds, catch_up))
         limits = list(plan.limit("kv_cache", [self._fit_kv(seq, n) for seq, n in zip(seqs, plan.num_drafts)]))
@@ -159,8 +160,9 @@ class Speculator:
         failing = find_failing(group_list, trial, error)
         return [(seq, exc) for i, exc in failing.items() for seq, _ in group_list[i]]
 
-    def _limit_per_sequence(self, plan: DraftPlan, seqs: list[Sequence]) -> None:
-        """The limits a sequence carries alone: the drafter's cache and context, the request, its length."""
+    def _limit_per_sequence(self, plan: DraftPlan, seqs: list[Sequence], slots: list[int]) -> None:
+        """The limits a sequence carries alone: the drafter's cache and context, the request, its length
+        (``slots[i]``: the drafts that fit before its ``max_tokens`` and ``max_model_len``)."""
         plan.limit("drafter_blocked", [0 if seq.spec.drafter_blocked else self.num_spec_tokens for seq in seqs])
         drafter_limit = self.drafter_max_model_len  # past it: no drafts (as vLLM skips such sequences)
         if drafter_limit is not None:
@@ -168,7 +170,7 @@ class Speculator:
                                                  else self.num_spec_tokens for seq in seqs])
         caps = [seq.params.num_speculative_tokens for seq in seqs]  # extra_args, checked <= the engine's
         plan.limit("request", [self.num_spec_tokens if cap is None else cap for cap in caps])
-        plan.limit("max_tokens", [seq.num_draft_slots(self.max_model_len) for seq in seqs])
+        plan.limit("max_tokens", slots)
         if self.tree is not None:  # the root is the last token; see TokenTree.chunk_aligned
             plan.limit("tree_alignment", [self.tree.chunk_aligned(seq.num_tokens - 1, PAGED_CHUNK_KEYS)
                                           for seq in seqs])

@@ -284,7 +284,7 @@ def _interp_known(known: list[tuple[int, float]], x: float) -> float:
     """``_row_seconds`` at one row count: the known knots interpolated, flat below the first,
     extended past the last with the slope of the last two."""
     if x <= known[0][0] or len(known) == 1:
-        return known[0][1] if x <= known[0][0] else known[-1][1]
+        return known[0][1]
     j = bisect.bisect_left(known, (x, float("-inf"))) - 1  # known[j][0] < x <= known[j + 1][0], or past the end
     j = min(j, len(known) - 2)
     (x0, y0), (x1, y1) = known[j], known[j + 1]
