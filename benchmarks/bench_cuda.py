@@ -24,7 +24,7 @@ import torch
 
 from draftwise import LLM, SamplingParams
 from draftwise.engine.compile_target import attach_static_step
-from draftwise.engine.drafting.step_cost import measure_step_seconds
+from draftwise.engine.drafting.step_timing import measure_step_seconds
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe the colours it sees."
 

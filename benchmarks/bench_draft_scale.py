@@ -21,7 +21,7 @@ from pathlib import Path
 from bench_scale import shaped_gguf
 
 from draftwise import LLM, SamplingParams
-from draftwise.engine.drafting.step_cost import measure_step_seconds
+from draftwise.engine.drafting.step_timing import measure_step_seconds
 
 ACCEPTANCE = (0.5, 0.6, 0.7, 0.8, 0.9)
 

@@ -9,7 +9,7 @@ import numpy as np
 from conftest import PROMPTS, greedy
 
 from draftwise import LLM
-from draftwise.engine.drafting.length import CATCH_UP_SHARE, PROBE_EVERY, PROBE_SHARE, DraftLengthPolicy
+from draftwise.engine.drafting.length import CATCH_UP_SHARE, PROBE_EVERY, PROBE_SHARE, REPRICE_EVERY, DraftLengthPolicy
 from draftwise.engine.drafting.step_cost import StepCostModel
 from draftwise.spec_decode.proposers.draft_model import DraftModelProposer
 from draftwise.sampling_params import SamplingParams
@@ -304,3 +304,26 @@ def test_cut_drafts_change_nothing_but_the_draft_count(tiny_model_dir, tiny_llm)
     costly, costly_metrics = _run(tiny_model_dir, 0.3, prompts, params)
     assert free == expected and costly == expected
     assert costly_metrics["spec_decode_num_draft_tokens"] < free_metrics["spec_decode_num_draft_tokens"]
+
+
+def test_a_batch_is_priced_again_every_few_steps_or_when_it_changes():
+    """Pricing costs a share of every step: a batch keeps the drafts it was priced to for
+    REPRICE_EVERY - 1 steps while it is unchanged and nothing was verified (withheld, or a lookup
+    found nothing), and is priced again at once when it changes or drafts are verified."""
+    policy = _linear(0.15)
+    seqs = [Sequence(f"r{i}", i, [1, 2, 3], SamplingParams(), 0, 0.0) for i in range(2)]
+    for seq in seqs:
+        for _ in range(10):
+            policy.observe(seq, 4, 0)
+    priced = []
+    original = policy.allocate
+    policy.allocate = lambda *args, **kwargs: priced.append(1) or original(*args, **kwargs)
+    for _ in range(2 * REPRICE_EVERY):
+        assert policy.limits(seqs, [4, 4], 2) == [0, 0]
+    assert len(priced) == 2
+    assert policy.limits(seqs[:1], [4], 1) == [0] and len(priced) == 3  # another batch: priced
+    assert policy.limits(seqs[:1], [2], 1) == [0] and len(priced) == 4  # other caps: priced
+    for _ in range(20):
+        policy.observe(seqs[0], 4, 4)  # new evidence: priced
+    kept = [policy.limits(seqs[:1], [4], 1) for _ in range(REPRICE_EVERY)]
+    assert kept == [[4]] * REPRICE_EVERY and len(priced) == 5  # drafts nobody verified: kept, not priced

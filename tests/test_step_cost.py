@@ -9,8 +9,8 @@ import pytest
 
 from draftwise import LLM
 from draftwise.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from draftwise.engine.drafting.step_cost import (StepCostModel, decode_keys, knots, measure_further_key_seconds,
-                                                measure_key_seconds, measure_step_seconds)
+from draftwise.engine.drafting.step_cost import StepCostModel, decode_keys, knots
+from draftwise.engine.drafting.step_timing import measure_further_key_seconds, measure_key_seconds, measure_step_seconds
 from draftwise.sampling_params import SamplingParams
 from draftwise.sequence import Sequence
 
@@ -274,7 +274,7 @@ def test_prefill_bound_counts_the_decodes_keys():
 def test_a_long_forward_is_timed_once():
     """Short settings: a warm-up, then the best of ``repeats`` turns; a setting whose warm-up is long
     keeps that timing (each repeat of a 256-row 8B forward would cost seconds of start-up)."""
-    from draftwise.engine.drafting.step_cost import LONG_FORWARD_SECONDS, _best_of_turns
+    from draftwise.engine.drafting.step_timing import LONG_FORWARD_SECONDS, _best_of_turns
 
     calls = []
     times = {1: [0.003, 0.002, 0.004, 0.001], 256: [LONG_FORWARD_SECONDS * 3]}

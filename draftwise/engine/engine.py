@@ -63,8 +63,9 @@ from ..sequence import Sequence
 from ..spec_decode.interface import ProposerNeeds, TargetInfo
 from .compile_target import capture_target, compile_target, why_not_compiled
 from .drafting.speculator import Speculator
-from .drafting.step_cost import (FURTHER_ROWS, KEY_CONTEXTS, StepCostModel, fixed_row_cost, measure_further_key_seconds,
-                                 measure_key_seconds, measure_step_seconds)
+from .drafting.step_cost import StepCostModel, fixed_row_cost
+from .drafting.step_timing import (FURTHER_ROWS, KEY_CONTEXTS, measure_further_key_seconds, measure_key_seconds,
+                                   measure_step_seconds)
 from .fault_isolation import find_failing
 from .gc_pause import paused_gc
 from .model_runner import ModelRunner, StepResult

@@ -98,6 +98,9 @@ class ProposeBatch:
     target_hidden: TargetHidden | None = None
 
 
+_NO_DRAFTS: dict[int, torch.Tensor] = {}  # num_seqs -> an empty [num_seqs, 0] tensor (it holds nothing to change)
+
+
 @dataclass
 class DraftBatch:
     """Drafts for the sequences of a ``ProposeBatch``, in the same order."""
@@ -115,12 +118,15 @@ class DraftBatch:
     @classmethod
     def from_lists(cls, drafts: list[list[int]], probs: torch.Tensor | None = None,
                    confidence: list[list[float]] | None = None, parents: list[int] | None = None) -> "DraftBatch":
-        width = max((len(d) for d in drafts), default=0)
-        ids = torch.full((len(drafts), width), -1, dtype=torch.int64)
-        for i, draft in enumerate(drafts):
-            if draft:
-                ids[i, :len(draft)] = torch.tensor(draft, dtype=torch.int64)
-        return cls(ids, [len(d) for d in drafts], probs, confidence, parents)
+        nums = [len(d) for d in drafts]
+        width = max(nums, default=0)
+        if width == 0:  # (most steps of a sequence whose drafts do not pay: no tensor op)
+            ids = _NO_DRAFTS.get(len(drafts))
+            if ids is None:
+                ids = _NO_DRAFTS.setdefault(len(drafts), torch.empty((len(drafts), 0), dtype=torch.int64))
+        else:  # one tensor from padded rows (a copy per row would cost more than the step's drafting)
+            ids = torch.tensor([d + [-1] * (width - n) for d, n in zip(drafts, nums)], dtype=torch.int64)
+        return cls(ids, nums, probs, confidence, parents)
 
 
 class Proposer(ABC):

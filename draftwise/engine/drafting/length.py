@@ -68,6 +68,13 @@ the tree, ``alpha`` is the chance of accepting one more depth (``observe`` is gi
 verified), and a node at depth ``d`` gains ``alpha ** d`` shared among the tree's nodes of that
 depth (made non-increasing along the prefix), so the tree's gains sum to a chain's of its depth.
 
+A batch keeps the drafts it was priced to for the next ``REPRICE_EVERY - 1`` steps while it
+stays the same (the same sequences, caps and catch-ups) and no draft was verified: every draft
+withheld, or none found by a lookup (ngram finding no match). Its estimates then move by a
+few percent a step, and pricing it again every step would cost a share of the very steps
+in which speculation gains nothing. The withheld sequences' evidence still fades and the
+probe counter still moves on those steps.
+
 The choice only changes speed: verification is lossless whatever the length.
 """
 from __future__ import annotations
@@ -85,6 +92,7 @@ FEW_DRAFTS = 16  # up to this many drafts in a batch are priced one by one, more
 PRIOR = 0.5  # acceptance assumed before any draft was verified
 PRIOR_PSEUDO = 4.0  # weight of PRIOR in the policy's prior, in trials
 PRIOR_DECAY = 0.995  # per verified draft of any sequence
+REPRICE_EVERY = 4  # a batch keeps its drafts this many steps, unless it changes or drafts are verified
 PROBE_EVERY = 100  # steps that withheld every draft before one sequence gets a probe
 PSEUDO = 1.0  # weight of the policy's prior in a sequence's estimate, in trials
 DECAY = 0.92  # per verified draft: evidence older than ~12 drafts fades
@@ -109,6 +117,8 @@ class DraftLengthPolicy:
         self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
         self.idle_steps = 0  # steps in a row that withheld every draft
         self.idle_seconds = 0.0  # their predicted time
+        self._priced: tuple | None = None  # (seq ids, max_num_drafts, catch-ups, drafts chosen, step seconds)
+        self._reprice_in = 0  # steps left before that batch is priced again
 
     @property
     def prices_rows(self) -> bool:
@@ -124,6 +134,10 @@ class DraftLengthPolicy:
         steps left to it gets none (see the module docstring)."""
         if not self.prices_rows:
             return list(max_num_drafts)
+        batch = (tuple(seq.seq_id for seq in seqs), tuple(max_num_drafts), tuple(c for c, _ in catch_up or ()))
+        if self._reprice_in > 0 and self._priced[:3] == batch:  # the same batch, nothing verified since
+            self._reprice_in -= 1
+            return self._withhold(seqs, max_num_drafts, list(self._priced[3]), self._priced[4], catch_up)
         lens = [seq.num_tokens for seq in seqs]
         step_seconds = self.step_cost.seconds(num_base_rows, sum(lens)) if not self.step_cost.frozen else 0.0
         late = [bool(step_seconds) and seconds > CATCH_UP_SHARE * remaining * step_seconds
@@ -131,13 +145,22 @@ class DraftLengthPolicy:
         gains = [[] if too_late else self._gains(self.alpha(seq), limit)
                  for seq, limit, too_late in zip(seqs, max_num_drafts, late)]
         chosen = self.allocate(gains, num_base_rows, drafting_seconds, lens)
+        self._priced, self._reprice_in = (*batch, tuple(chosen), step_seconds), REPRICE_EVERY - 1
+        return self._withhold(seqs, max_num_drafts, chosen, step_seconds, catch_up)
+
+    def _withhold(self, seqs: list[Sequence], max_num_drafts: list[int], chosen: list[int], step_seconds: float,
+                  catch_up: CatchUp | None) -> list[int]:
+        """``chosen`` after the withheld sequences' evidence fades (so each is probed again) and, in a
+        step that withheld every draft, the probe counter moves (see ``_probe``)."""
         for seq, num, limit in zip(seqs, chosen, max_num_drafts):
-            if num == 0 and limit > 0:  # withheld: let the evidence fade so the sequence is probed again
+            if num == 0 and limit > 0:
                 seq.spec.decay_estimate(WITHHELD_DECAY)
         if any(chosen) or not any(max_num_drafts):
             self.idle_steps, self.idle_seconds = 0, 0.0
         else:
             self._probe(seqs, max_num_drafts, chosen, step_seconds, catch_up)
+        if self._priced is not None and tuple(chosen) != self._priced[3]:
+            self._reprice_in = 0  # (a probe: its verdict is priced next step)
         return chosen
 
     def _probe(self, seqs: list[Sequence], max_num_drafts: list[int], chosen: list[int], step_seconds: float,
@@ -192,7 +215,7 @@ class DraftLengthPolicy:
         tokens = list(accumulate([float(num_seqs)] + [e[0] for e in entries]))
         if len(entries) <= FEW_DRAFTS:  # numpy's per-call cost would exceed the work
             keys = list(accumulate([float(sum(lens))] + added_keys))
-            seconds = [cost.seconds(base + m, keys[m]) for m in range(len(entries) + 1)]
+            seconds = cost.seconds_list(range(base, base + len(entries) + 1), keys)
         else:
             keys = sum(lens) + np.concatenate(([0.0], np.cumsum(added_keys)))
             seconds = cost.seconds_many(base + np.arange(len(entries) + 1, dtype=np.float64), keys).tolist()
@@ -209,7 +232,7 @@ class DraftLengthPolicy:
         if not entries:
             return []
         cost, base = self.step_cost, max(1, num_base_rows)
-        first, last = cost.seconds(base), cost.seconds(base + len(entries))
+        first, last = cost.seconds_list([base, base + len(entries)], [0.0, 0.0])
         row_slope = (last - first) / len(entries)
         key_cost = cost.key_cost * cost.further_key_share
         per_draft = [max(row_slope + key_cost * (lens[i] + j + 1), 1e-12) for _, j, i in entries]
@@ -242,6 +265,7 @@ class DraftLengthPolicy:
         seq.spec.estimate(DECAY, num_accepted, tried)
         self.accepted = PRIOR_DECAY * self.accepted + num_accepted
         self.tried = PRIOR_DECAY * self.tried + tried
+        self._reprice_in = 0  # new evidence: price the next step
 
 
 def _probe_cost(seq: Sequence) -> tuple[int, float]:

@@ -69,7 +69,9 @@ class DraftLimitCounts:
         self.counts = Counter(dict.fromkeys(REASONS, 0))
 
     def add(self, plan: DraftPlan) -> None:
-        self.counts.update(plan.counts())
+        counts = self.counts
+        for reason in plan.reasons:
+            counts[reason] += 1
 
     def as_dict(self) -> dict:
         return {"spec_decode_draft_limits": {reason: self.counts[reason] for reason in REASONS}}

@@ -32,7 +32,7 @@ as nearly free. Prefill rows (a
 chunk's attention runs another kernel, over a causal triangle) are priced by
 rows alone: their keys are left out of ``num_keys``.
 
-Start-up seeds it (``measure_step_seconds``: timed forwards of a throw-away
+Start-up seeds it (``step_timing.py``: ``measure_step_seconds``: timed forwards of a throw-away
 sequence, the row counts interleaved so a busy moment hits them alike;
 ``measure_key_seconds``: decode rows of a few throw-away sequences at a short
 and a long context; ``measure_further_key_seconds``: one throw-away sequence
@@ -53,25 +53,18 @@ tests use 0: rows are free, drafts are never cut and prefill is never held back)
 from __future__ import annotations
 
 import bisect
-import contextlib
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
-import torch
-
-from ...paged import ForwardInput
 
 ROW_COST_ENV = "DRAFTWISE_VERIFY_ROW_COST"
 MIN_RATE = 0.1  # once a knot has ~10 observations, each new one moves it by 10% of the error
 SEED_WEIGHT = 2.0  # the start-up seed counts as this many observations at each knot
-LONG_FORWARD_SECONDS = 0.5  # a timed forward this long is not repeated (_best_of_turns)
 DRIFT_RATE = 0.05  # each step moves the drift by 5% of its log ratio once ~20 steps were seen ...
 DRIFT_CLIP = 2.0  # ... that ratio clipped to within 2x of the drift: a few stalled steps barely move it
-KEY_SEQS = 4  # sequences decoding one row each when the key cost is timed
-KEY_CONTEXTS = (128, 1024)  # the short and long contexts it is timed at
-FURTHER_ROWS = 4  # rows of the sequence whose further rows' key cost is timed
+REFIT_EVERY = 8  # observations between two fits of the knots (see _known)
 
 
 def knots(max_rows: int) -> list[int]:
@@ -95,7 +88,9 @@ class StepCostModel:
         self.further_key_share = 1.0  # a key read by a sequence's further rows, in first-row keys
         self.frozen = False
         self.num_observed, self.predicted_seconds, self.observed_seconds = 0, 0.0, 0.0  # steps seen once ready
-        self._fit: tuple | None = None  # (the state it was fitted on, known knots, their xs, ys): see _known
+        self.version = 0  # the number of observations folded in
+        self._fit: tuple[int, Curve] | None = None  # (the version it was fitted at, the fit): see _known
+        self._prior_curve: Curve | None = None  # the seed at every knot
 
     @classmethod
     def fixed(cls, row_cost: float, max_rows: int) -> "StepCostModel":
@@ -108,7 +103,7 @@ class StepCostModel:
     @property
     def ready(self) -> bool:
         """True once two knots are known, so the model can price extra rows."""
-        return len(self._known()) >= 2
+        return len(self._known().xs) >= 2
 
     @property
     def free(self) -> bool:
@@ -124,9 +119,15 @@ class StepCostModel:
         """Predicted wall time of a step of ``num_rows`` rows whose decode rows read ``num_keys``
         keys; None before any step was seen."""
         known = self._known()
-        if not known:
+        if not known.xs:
             return None
-        return _interp_known(known, num_rows) + self.key_cost * num_keys  # (scalar: every step prices a few)
+        return known.at(num_rows) + self.key_cost * num_keys  # (scalar: every step prices a few)
+
+    def seconds_list(self, num_rows: Iterable[int], num_keys: Iterable[float]) -> list[float]:
+        """``seconds`` of each pair, in plain Python (a few of them: numpy's per-call cost would
+        exceed the work; a knot known)."""
+        known, key_cost = self._known(), self.key_cost
+        return [known.at(rows) + key_cost * keys for rows, keys in zip(num_rows, num_keys)]
 
     def seconds_many(self, num_rows: np.ndarray,  # [n]
                      num_keys: np.ndarray | float = 0.0) -> np.ndarray:  # [n] (or one count for all)
@@ -136,9 +137,9 @@ class StepCostModel:
     def _row_seconds(self, num_rows: np.ndarray) -> np.ndarray:  # [n] -> [n]
         """The rows' part of ``seconds_many``: the knots interpolated, extended past the last one."""
         known = self._known()
-        xs, ys = self._fit[2], self._fit[3]
+        xs, ys = np.array(known.xs, dtype=np.float64), np.array(known.ys, dtype=np.float64)
         out = np.interp(num_rows, xs, ys)  # flat outside [xs[0], xs[-1]]
-        if len(known) >= 2:
+        if len(xs) >= 2:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
             beyond = num_rows > xs[-1]
             out[beyond] = ys[-1] + slope * (num_rows[beyond] - xs[-1])
@@ -152,16 +153,18 @@ class StepCostModel:
 
     def observe(self, num_rows: int, seconds: float, num_keys: float = 0.0) -> None:
         """Fold one measured step of ``num_rows`` rows, whose decode rows read ``num_keys`` keys, that
-        took ``seconds`` into the estimates."""
+        took ``seconds`` into the estimates. The prediction it is scored against and the slope that
+        carries it to the knots come from the current fit (the one the step was priced with)."""
         if self.frozen or num_rows < 1 or not seconds > 0.0:
             return
         num_rows = min(num_rows, self.knots[-1])
-        if self._known():  # what the model said before it learns from this step
+        known = self._known()
+        if known.xs:  # what the model said before it learns from this step
             self.num_observed += 1
-            self.predicted_seconds += self.seconds(num_rows, num_keys)
+            self.predicted_seconds += known.at(num_rows) + self.key_cost * num_keys
             self.observed_seconds += seconds
-        if self.prior[0] is not None:
-            expected = float(np.interp(num_rows, self.knots, self.prior)) + self.key_seconds * num_keys
+        if self._prior_curve is not None:
+            expected = self._prior_curve.at(num_rows) + self.key_seconds * num_keys
             self.drift_count += 1.0
             ratio = min(max(seconds / expected, self.drift / DRIFT_CLIP), self.drift * DRIFT_CLIP)
             self.drift *= (ratio / self.drift) ** max(1.0 / self.drift_count, DRIFT_RATE)  # a moving geometric mean
@@ -171,7 +174,7 @@ class StepCostModel:
         lo = hi if self.knots[hi] == num_rows else hi - 1
         span = self.knots[hi] - self.knots[lo]
         share_hi = 1.0 if span == 0 else (num_rows - self.knots[lo]) / span
-        slope = self._slope(self.knots[lo], self.knots[hi])
+        slope = known.slope(self.knots[lo], self.knots[hi])
         for k, share in ((lo, 1.0 - share_hi), (hi, share_hi)):
             if share <= 0.0:
                 continue
@@ -180,6 +183,7 @@ class StepCostModel:
             rate = share * max(1.0 / self.counts[k], MIN_RATE)
             value = self.values[k]
             self.values[k] = target if value is None else value + min(1.0, rate) * (target - value)
+        self.version += 1
 
     def seed(self, samples: dict[int, float], key_seconds: float = 0.0,
              further_key_seconds: float | None = None) -> None:
@@ -189,6 +193,7 @@ class StepCostModel:
         self.key_seconds = max(0.0, key_seconds)
         if further_key_seconds is not None and self.key_seconds > 0.0:
             self.further_key_share = min(1.0, max(0.0, further_key_seconds) / self.key_seconds)
+        self._fit = None  # a new seed is priced at once
         if not samples:
             return
         xs = np.array(sorted(samples), dtype=np.float64)
@@ -199,11 +204,12 @@ class StepCostModel:
             beyond = rows > xs[-1]
             prior[beyond] = ys[-1] + max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) * (rows[beyond] - xs[-1])
         self.prior = [float(p) for p in prior]
+        self._prior_curve = Curve(list(self.knots), list(self.prior))
 
     def snapshot(self, rows: tuple[int, ...] = (1, 2, 8, 32, 128)) -> dict[int, float]:
         """``{num_rows: predicted milliseconds}`` at ``rows`` within the model's range (a fixed
         model: multiples of a one-row step)."""
-        if not self._known():
+        if not self._known().xs:
             return {}
         scale = 1.0 if self.frozen else 1e3
         return {r: round(self.seconds(r) * scale, 3) for r in rows if r <= self.knots[-1]}
@@ -237,17 +243,16 @@ class StepCostModel:
             return prior
         return (self.counts[k] * value + SEED_WEIGHT * prior) / (self.counts[k] + SEED_WEIGHT)
 
-    def _known(self) -> list[tuple[int, float]]:
-        """``_fit_known``, refitted only when the estimates changed (the draft-length policy prices
-        every step several times between two observed steps)."""
-        state = (tuple(self.values), tuple(self.counts), tuple(self.prior), self.drift)
-        if self._fit is None or self._fit[0] != state:
-            known = self._fit_known()
-            self._fit = (state, known, np.array([x for x, _ in known], dtype=np.float64),
-                         np.array([y for _, y in known], dtype=np.float64))
+    def _known(self) -> "Curve":
+        """``_fit_known``, refitted on first use after a seed and then once ``REFIT_EVERY``
+        observations have changed the estimates (each moves a knot by at most a tenth of its error
+        once the knot is known, so a fit a few steps old prices as a fresh one would, while the
+        draft-length policy and ``observe`` read it every step)."""
+        if self._fit is None or self.version - self._fit[0] >= REFIT_EVERY:
+            self._fit = (self.version, self._fit_known())
         return self._fit[1]
 
-    def _fit_known(self) -> list[tuple[int, float]]:
+    def _fit_known(self) -> "Curve":
         """Known knots with their estimates made non-decreasing in rows. First a weighted isotonic
         fit: knots out of order are pooled, each weighted by its evidence (observations and the
         seed's weight), so a knot few steps visited, its estimate mostly the seed's, yields to a
@@ -257,38 +262,49 @@ class StepCostModel:
         from the knot before, in the share the seed has in its estimate: a knot that real steps
         pushed up (under load) must not leave the unvisited knots above it flat, which would price
         every row past it as free."""
-        estimates = [self._estimate(k) for k in range(len(self.knots))]
-        ks = [k for k, y in enumerate(estimates) if y is not None]
-        weights = [max(1.0, self.counts[k] + (SEED_WEIGHT if self.prior[k] is not None else 0.0)) for k in ks]
-        fitted = _isotonic([estimates[k] for k in ks], weights)
+        ks, estimates, weights = [], [], []
+        for k, count in enumerate(self.counts):
+            estimate = self._estimate(k)
+            if estimate is not None:
+                ks.append(k)
+                estimates.append(estimate)
+                weights.append(max(1.0, count + (SEED_WEIGHT if self.prior[k] is not None else 0.0)))
+        fitted = _isotonic(estimates, weights)
         measured = max((k for k in ks if self.counts[k] >= SEED_WEIGHT), default=-1)  # the last knot data rule
-        known, top, last = [], 0.0, None
+        xs, ys, top, last = [], [], 0.0, None
         for k, y in zip(ks, fitted):
-            if k > measured and last is not None and self.prior[k] is not None and self.prior[last] is not None:
-                increment = max(0.0, self.prior[k] - self.prior[last]) * self.drift
+            prior = self.prior[k]
+            if k > measured and last is not None and prior is not None and self.prior[last] is not None:
+                increment = max(0.0, prior - self.prior[last]) * self.drift
                 y = max(y, top + increment * SEED_WEIGHT / (self.counts[k] + SEED_WEIGHT))
             top, last = max(top, y), k
-            known.append((self.knots[k], top))
-        return known
+            xs.append(self.knots[k])
+            ys.append(top)
+        return Curve(xs, ys)
 
-    def _slope(self, x0: int, x1: int) -> float:
+
+class Curve(NamedTuple):
+    """Seconds by row count, piecewise linear: knots ``xs`` (increasing) with values ``ys``."""
+    xs: list[int]
+    ys: list[float]
+
+    def at(self, x: float) -> float:
+        """The knots interpolated at ``x``, flat below the first, extended past the last with the
+        slope of the last two (``_row_seconds`` at one row count)."""
+        xs, ys = self.xs, self.ys
+        if x <= xs[0] or len(xs) == 1:
+            return ys[0]
+        j = min(bisect.bisect_left(xs, x), len(xs) - 1)  # xs[j - 1] < x <= xs[j], or past the end
+        x0, x1 = xs[j - 1], xs[j]
+        return ys[j - 1] + (ys[j] - ys[j - 1]) / (x1 - x0) * (x - x0)
+
+    def slope(self, x0: int, x1: int) -> float:
         """Seconds per row between knots ``x0`` and ``x1`` where both lie within the known range
         (0 elsewhere: a measurement past the known range is not carried along an extrapolation)."""
-        known = self._known()
-        if x1 == x0 or len(known) < 2 or x0 < known[0][0] or x1 > known[-1][0]:
+        xs = self.xs
+        if x1 == x0 or len(xs) < 2 or x0 < xs[0] or x1 > xs[-1]:
             return 0.0
-        return max(0.0, (_interp_known(known, x1) - _interp_known(known, x0)) / (x1 - x0))
-
-
-def _interp_known(known: list[tuple[int, float]], x: float) -> float:
-    """``_row_seconds`` at one row count: the known knots interpolated, flat below the first,
-    extended past the last with the slope of the last two."""
-    if x <= known[0][0] or len(known) == 1:
-        return known[0][1]
-    j = bisect.bisect_left(known, (x, float("-inf"))) - 1  # known[j][0] < x <= known[j + 1][0], or past the end
-    j = min(j, len(known) - 2)
-    (x0, y0), (x1, y1) = known[j], known[j + 1]
-    return y0 + (y1 - y0) / (x1 - x0) * (x - x0)
+        return max(0.0, (self.at(x1) - self.at(x0)) / (x1 - x0))
 
 
 def _isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -306,94 +322,11 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return [mean for mean, _, num in pools for _ in range(int(num))]
 
 
-@torch.inference_mode()
-def measure_step_seconds(target, block_manager, rows: list[int], context_len: int = 128,
-                         repeats: int = 3) -> dict[int, float]:
-    """``{num_rows: seconds}``: the best of ``repeats`` timed forwards of a throw-away sequence of
-    ``context_len`` cached tokens plus ``num_rows`` new ones, logits over every row. The row
-    counts take turns (after a warm-up round), so a busy moment of the machine hits them alike.
-    Its blocks are freed after; empty when the KV cache cannot hold it."""
-    rows = sorted({r for r in rows if r >= 1})
-    if not rows or context_len < 1:
-        return {}
-    with block_manager.scratch("step-cost", context_len, context_len + rows[-1]) as dummy:
-        if dummy is None:
-            return {}
-        target.forward([ForwardInput(dummy.all_token_ids, 0, dummy.block_ids)])
-        return _best_of_turns(lambda r: _time_forward(target, [ForwardInput([0] * r, context_len, dummy.block_ids)]),
-                              rows, repeats)
-
-
-@torch.inference_mode()
-def measure_key_seconds(target, block_manager, num_seqs: int = KEY_SEQS, contexts: tuple[int, int] = KEY_CONTEXTS,
-                        repeats: int = 3) -> float:
-    """Seconds per key a decode row reads: ``num_seqs`` throw-away sequences decode one row each at
-    the short and at the long context of ``contexts`` (taking turns, the best of ``repeats`` after
-    a warm-up), the difference divided by the extra keys. Their K/V is left as the cache holds it
-    (the time does not depend on it). 0 when the cache cannot hold them or the contexts are too
-    close to tell apart."""
-    short, long = contexts
-    if long < 2 * short:
-        return 0.0
-    with contextlib.ExitStack() as stack:
-        seqs = [stack.enter_context(block_manager.scratch(f"key-cost-{i}", long, long + 1)) for i in range(num_seqs)]
-        if any(seq is None for seq in seqs):
-            return 0.0
-        best = _best_of_turns(lambda c: _time_forward(target, [ForwardInput([0], c, seq.block_ids) for seq in seqs]),
-                              [short, long], repeats)
-    return max(0.0, (best[long] - best[short]) / (num_seqs * (long - short)))
-
-
-@torch.inference_mode()
-def measure_further_key_seconds(target, block_manager, num_rows: int = FURTHER_ROWS,
-                                contexts: tuple[int, int] = KEY_CONTEXTS, repeats: int = 3) -> float | None:
-    """Seconds per key that each row after the first of one sequence adds (a draft verified at that
-    context): one throw-away sequence runs 1 and ``num_rows`` rows at the short and the long
-    context of ``contexts`` (taking turns, the best of ``repeats`` after a warm-up); the growth of
-    the rows' difference with context, per extra row and key. None when it cannot be told."""
-    short, long = contexts
-    if long < 2 * short or num_rows < 2:
-        return None
-    settings = [(1, short), (num_rows, short), (1, long), (num_rows, long)]
-    with block_manager.scratch("further-key-cost", long, long + num_rows) as seq:
-        if seq is None:
-            return None
-        best = _best_of_turns(lambda i: _time_forward(target, [ForwardInput([0] * settings[i][0], settings[i][1],
-                                                                            seq.block_ids)]),
-                              list(range(len(settings))), repeats)
-    growth = (best[3] - best[2]) - (best[1] - best[0])
-    return max(0.0, growth / ((num_rows - 1) * (long - short)))
-
-
 def decode_keys(context_lens: list[int], num_rows: list[int], further_key_share: float = 1.0) -> float:
     """Keys read by decode rows, in first-row keys: ``num_rows[i]`` rows of a sequence of
     ``context_lens[i]`` tokens (this step's rows included) each read its whole context, the
     first from memory, each further one at ``further_key_share`` of that."""
     return sum((1 + further_key_share * (n - 1)) * c for n, c in zip(num_rows, context_lens) if n > 0)
-
-
-def _best_of_turns(time_one: Callable[[int], float], settings: list[int], repeats: int) -> dict[int, float]:
-    """``{setting: seconds}``: the best of ``repeats`` rounds in which every setting is timed in
-    turn, after a warm-up round, so a busy moment of the machine hits them alike. A setting whose
-    warm-up takes ``LONG_FORWARD_SECONDS`` or more keeps that timing and is not run again: beside
-    it, warm-up effects and a busy moment are small, and repeating it would cost seconds per start
-    (a 256-row forward of an 8B model)."""
-    best = {setting: float("inf") for setting in settings}
-    for round_ in range(repeats + 1):
-        for setting in settings:
-            if round_ > 0 and best[setting] >= LONG_FORWARD_SECONDS and best[setting] != float("inf"):
-                continue
-            seconds = time_one(setting)
-            if round_ > 0 or seconds >= LONG_FORWARD_SECONDS:
-                best[setting] = min(best[setting], seconds)
-    return best
-
-
-def _time_forward(target, batch: list[ForwardInput]) -> float:
-    start = time.perf_counter()
-    hidden, _, _ = target.forward(batch)
-    target.compute_logits(hidden).max(dim=-1).indices.tolist()
-    return time.perf_counter() - start
 
 
 def fixed_row_cost() -> float | None:

@@ -47,7 +47,7 @@ from ..interface import DraftBatch, ProposeBatch, Proposer, ProposerNeeds, regis
 from ..tree_drafting import draft_tree
 
 DRAFT_STREAM = 3  # noise stream of probabilistic drafts, independent of the target's
-WARM_UP_TOKENS = 16
+WARM_UP_TOKENS = 64
 
 
 @register

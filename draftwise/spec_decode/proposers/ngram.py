@@ -6,16 +6,17 @@ earlier in it, and propose the (up to ``k``) tokens that followed that
 occurrence. Equal-length matches go to the earliest occurrence, as vLLM's
 KMP search does; no match means no draft this step.
 
-The search is vectorised with numpy: one comparison per suffix offset over
-the whole context (``O(len * max_n)``), no Python loop over tokens. The
-context is mirrored in a growing int32 buffer per sequence so each step only
-copies the tokens appended since the last one.
+Each sequence keeps an index (``NgramIndex``): for every ``n`` in the range,
+each n-gram of its tokens mapped to the position its earliest occurrence ends
+at. A token is indexed once, when it first appears (the prompt in one pass on
+first sight, then the tokens appended since the last step), so a step's
+lookup costs one dictionary probe per ``n`` whatever the context length: the
+per-step cost stays flat as the context grows, where a scan of the context
+would grow with it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
 
 from ...validate import check_int
 from ..interface import DraftBatch, ProposeBatch, Proposer, register
@@ -44,7 +45,7 @@ class NgramProposer(Proposer):
 
     def __init__(self, config, target):
         super().__init__(config, target)
-        self._contexts: dict[int, _Context] = {}
+        self._indexes: dict[int, NgramIndex] = {}
 
     def propose(self, batch: ProposeBatch) -> DraftBatch:
         lo, hi = self.options.prompt_lookup_min, self.options.prompt_lookup_max
@@ -53,59 +54,55 @@ class NgramProposer(Proposer):
             if limit <= 0:
                 drafts.append([])
                 continue
-            context = self._contexts.setdefault(seq.seq_id, _Context())
-            tokens = context.sync(seq.all_token_ids)
-            drafts.append(find_ngram_draft(tokens, lo, hi, limit))
+            index = self._indexes.get(seq.seq_id)
+            if index is None:
+                index = self._indexes[seq.seq_id] = NgramIndex(lo, hi)
+            drafts.append(index.draft(seq.all_token_ids, limit))
         return DraftBatch.from_lists(drafts)
 
     def on_finished(self, seq) -> None:
-        self._contexts.pop(seq.seq_id, None)
+        self._indexes.pop(seq.seq_id, None)
 
     def tracked_seq_ids(self) -> set[int]:
-        return set(self._contexts)
+        return set(self._indexes)
 
 
-class _Context:
-    """A numpy mirror of one sequence's token list, grown by appending (amortised O(1))."""
+class NgramIndex:
+    """One sequence's n-grams of ``min_n..max_n`` tokens, each mapped to the end position of its
+    earliest occurrence. Invariant: ``first_end[n]`` holds every n-gram of ``tokens[:num_indexed]``."""
 
-    def __init__(self):
-        self.buffer = np.empty(256, dtype=np.int32)
-        self.length = 0
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.first_end: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self.num_indexed = 0
 
-    def sync(self, token_ids: list[int]) -> np.ndarray:
+    def sync(self, token_ids: list[int]) -> None:
+        """Index the n-grams ending at the tokens appended since the last call (a shorter list than
+        indexed, after a reset, is indexed again from the start)."""
         num = len(token_ids)
-        if num < self.length:  # the sequence was reset (preemption): start over
-            self.length = 0
-        if num > self.buffer.size:
-            grown = np.empty(max(num, 2 * self.buffer.size), dtype=np.int32)
-            grown[:self.length] = self.buffer[:self.length]
-            self.buffer = grown
-        self.buffer[self.length:num] = token_ids[self.length:num]
-        self.length = num
-        return self.buffer[:num]
+        if num < self.num_indexed:
+            for table in self.first_end.values():
+                table.clear()
+            self.num_indexed = 0
+        start = self.num_indexed
+        for n, table in self.first_end.items():
+            first = max(start, n - 1)  # the first new end position with n tokens before it
+            if first >= num:
+                continue
+            grams = zip(*(token_ids[first - n + 1 + i:num - n + 1 + i] for i in range(n)))
+            for end, gram in enumerate(grams, start=first):
+                table.setdefault(gram, end)
+        self.num_indexed = num
 
-
-def find_ngram_draft(tokens: np.ndarray,  # [num_tokens] int, prompt + output
-                     min_n: int, max_n: int, k: int) -> list[int]:
-    """The tokens that followed the earliest occurrence of the longest matching suffix n-gram."""
-    num = tokens.shape[0]
-    if num < min_n + 1 or k <= 0:
+    def draft(self, token_ids: list[int], k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the earliest earlier occurrence of the longest suffix
+        n-gram of ``token_ids`` (prompt + output); none without a match."""
+        self.sync(token_ids)
+        num = len(token_ids)
+        if k <= 0:
+            return []
+        for n in range(min(self.max_n, num - 1), self.min_n - 1, -1):
+            end = self.first_end[n].get(tuple(token_ids[num - n:]))
+            if end is not None and end < num - 1:  # the suffix itself ends at num - 1
+                return token_ids[end + 1:end + 1 + k]
         return []
-    # match[j] = length (capped at max_n) of the common suffix of tokens[:j+1] and tokens[:num],
-    # for every earlier end position j < num - 1.
-    ends = num - 1
-    match = np.zeros(ends, dtype=np.int32)
-    alive = np.ones(ends, dtype=bool)
-    for t in range(min(max_n, ends)):
-        # position j - t must exist (j >= t) and equal tokens[num - 1 - t]
-        eq = np.zeros(ends, dtype=bool)
-        eq[t:] = tokens[:ends - t] == tokens[num - 1 - t]
-        alive &= eq
-        if not alive.any():
-            break
-        match += alive
-    best = int(match.max())
-    if best < min_n:
-        return []
-    start = int(np.argmax(match == best)) + 1  # earliest occurrence; drafts follow it
-    return tokens[start:start + k].tolist()
