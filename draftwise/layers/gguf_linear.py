@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import native
+from ..kernels import huge_pages, native
 
 QTYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # ggml's
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,  # bytes per block
@@ -59,15 +59,14 @@ class GGUFLinear(nn.Module):
         self.bias = bias
 
     def _layout(self, parts: list[torch.Tensor]) -> torch.Tensor:  # [out_features, row_bytes] uint8
-        """The rows in the kernel's layout: repacked part by part into one buffer where each part
-        keeps whole 16-row blocks (the interleaved layout's unit), else as one tensor."""
+        """The rows in the kernel's layout: repacked part by part into one buffer (on huge pages where
+        granted: ``huge_pages.py``) where each part keeps whole 16-row blocks (the interleaved
+        layout's unit), else as one tensor."""
         if not self.packed:
             return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
         if len(parts) > 1 and any(part.shape[0] % INTERLEAVED_ROWS for part in parts):
             parts = [torch.cat(parts)]
-        if len(parts) == 1:
-            return torch.ops.draftwise_cpu.gguf_repack(parts[0], self.qtype_id)
-        out = torch.empty(self.out_features, parts[0].shape[1], dtype=torch.uint8)
+        out = huge_pages.empty((self.out_features, parts[0].shape[1]), torch.uint8)  # streamed every step
         start = 0
         for part in parts:
             torch.ops.draftwise_cpu.gguf_repack(part, self.qtype_id, out[start:start + part.shape[0]])
