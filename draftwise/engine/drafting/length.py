@@ -81,6 +81,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import accumulate
+from typing import NamedTuple
 
 import numpy as np
 
@@ -109,6 +110,13 @@ def _free(depth: int) -> float:
     return 0.0
 
 
+class _Priced(NamedTuple):
+    """A batch as the policy last priced it."""
+    batch: tuple  # (seq ids, max_num_drafts, catch-up seconds)
+    chosen: tuple[int, ...]  # drafts per sequence
+    step_seconds: float  # the predicted step without drafts
+
+
 class DraftLengthPolicy:
     def __init__(self, step_cost: StepCostModel, tree: TokenTree | None = None):
         self.step_cost = step_cost
@@ -117,7 +125,7 @@ class DraftLengthPolicy:
         self.tried = 0.0  # decayed trials (as ``observe`` counts them), over every sequence
         self.idle_steps = 0  # steps in a row that withheld every draft
         self.idle_seconds = 0.0  # their predicted time
-        self._priced: tuple | None = None  # (seq ids, max_num_drafts, catch-ups, drafts chosen, step seconds)
+        self._priced: _Priced | None = None  # the last batch priced
         self._reprice_in = 0  # steps left before that batch is priced again
 
     @property
@@ -135,9 +143,10 @@ class DraftLengthPolicy:
         if not self.prices_rows:
             return list(max_num_drafts)
         batch = (tuple(seq.seq_id for seq in seqs), tuple(max_num_drafts), tuple(c for c, _ in catch_up or ()))
-        if self._reprice_in > 0 and self._priced[:3] == batch:  # the same batch, nothing verified since
+        if self._reprice_in > 0 and self._priced.batch == batch:  # the same batch, nothing verified since
             self._reprice_in -= 1
-            return self._withhold(seqs, max_num_drafts, list(self._priced[3]), self._priced[4], catch_up)
+            return self._withhold(seqs, max_num_drafts, list(self._priced.chosen), self._priced.step_seconds,
+                                  catch_up)
         lens = [seq.num_tokens for seq in seqs]
         step_seconds = self.step_cost.seconds(num_base_rows, sum(lens)) if not self.step_cost.frozen else 0.0
         late = [bool(step_seconds) and seconds > CATCH_UP_SHARE * remaining * step_seconds
@@ -145,7 +154,7 @@ class DraftLengthPolicy:
         gains = [[] if too_late else self._gains(self.alpha(seq), limit)
                  for seq, limit, too_late in zip(seqs, max_num_drafts, late)]
         chosen = self.allocate(gains, num_base_rows, drafting_seconds, lens)
-        self._priced, self._reprice_in = (*batch, tuple(chosen), step_seconds), REPRICE_EVERY - 1
+        self._priced, self._reprice_in = _Priced(batch, tuple(chosen), step_seconds), REPRICE_EVERY - 1
         return self._withhold(seqs, max_num_drafts, chosen, step_seconds, catch_up)
 
     def _withhold(self, seqs: list[Sequence], max_num_drafts: list[int], chosen: list[int], step_seconds: float,
@@ -159,7 +168,7 @@ class DraftLengthPolicy:
             self.idle_steps, self.idle_seconds = 0, 0.0
         else:
             self._probe(seqs, max_num_drafts, chosen, step_seconds, catch_up)
-        if self._priced is not None and tuple(chosen) != self._priced[3]:
+        if self._priced is not None and tuple(chosen) != self._priced.chosen:
             self._reprice_in = 0  # (a probe: its verdict is priced next step)
         return chosen
 
