@@ -120,12 +120,15 @@ class ChainProposer(Proposer):
             return 0.0
         return self.ingest_timer.seconds(self.num_seqs) + (depth - 1) * self.chain_timer.seconds
 
-    def target_features(self, hidden: TargetHidden, rows: torch.Tensor) -> torch.Tensor:
-        """[num_rows, feature_size]: the auxiliary states side by side if the proposer asked for
-        some (EAGLE-3, DFlash), else the final-norm hidden state (EAGLE, MTP)."""
-        if hidden.aux_hidden_states:
-            return torch.cat([aux[rows] for aux in hidden.aux_hidden_states], dim=-1)
-        return hidden.hidden_states[rows]
+    def target_features(self, hidden: TargetHidden, rows: list[int]) -> torch.Tensor:
+        """[num_rows, feature_size], a copy: the auxiliary states side by side if the proposer asked
+        for some (EAGLE-3, DFlash), else the final-norm hidden state (EAGLE, MTP), at ``rows``. All
+        of the step's rows in order (a decode step whose sequences all wait) take no gather."""
+        sources = hidden.aux_hidden_states or [hidden.hidden_states]
+        if len(rows) == sources[0].shape[0] and rows == list(range(len(rows))):
+            return torch.cat(sources, dim=-1) if len(sources) > 1 else sources[0].clone()
+        index = torch.tensor(rows, dtype=torch.int64, device=sources[0].device)
+        return torch.cat([source[index] for source in sources], dim=-1)
 
     def kv_cache_spec(self) -> KVCacheSpec:
         return KVCacheSpec.of_layers(self.model.layers)
@@ -202,7 +205,7 @@ class ChainProposer(Proposer):
         if not inputs:
             return None
         ids, pos, meta, cu = self._prepare(inputs)
-        features = self._assemble(parts, self.target_features(target, self._rows_tensor(target, rows)))
+        features = self._assemble(parts, self.target_features(target, rows))
         for seq, item in zip(seqs, inputs):
             seq.spec.drafter_advanced(item.start + len(item.token_ids))
         return IngestBatch(ids, pos, features, meta, cu, [s.seq_id for s in seqs]), seqs
@@ -212,7 +215,7 @@ class ChainProposer(Proposer):
         if not waiting:
             return
         rows = [r for _, new_rows in waiting for r in new_rows]
-        features = self.target_features(target, self._rows_tensor(target, rows))  # [num_rows, feature_size]
+        features = self.target_features(target, rows)  # [num_rows, feature_size]
         offset = 0
         for seq, new_rows in waiting:
             self.pending.add(seq.seq_id, seq.spec.drafter_num_computed_tokens, features[offset:offset + len(new_rows)])
@@ -229,10 +232,6 @@ class ChainProposer(Proposer):
             pieces.append(features[offset:offset + num_new])
             offset += num_new
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-
-    @staticmethod
-    def _rows_tensor(target: TargetHidden, rows: list[int]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.int64, device=target.hidden_states.device)
 
     def _prepare(self, inputs: list[ForwardInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int]]:
         """``prepare_batch`` with the attention kernel the target's plan picks for each sequence's
