@@ -168,8 +168,6 @@ class DraftLengthPolicy:
             self.idle_steps, self.idle_seconds = 0, 0.0
         else:
             self._probe(seqs, max_num_drafts, chosen, step_seconds, catch_up)
-        if self._priced is not None and tuple(chosen) != self._priced.chosen:
-            self._reprice_in = 0  # (a probe: its verdict is priced next step)
         return chosen
 
     def _probe(self, seqs: list[Sequence], max_num_drafts: list[int], chosen: list[int], step_seconds: float,
@@ -186,6 +184,7 @@ class DraftLengthPolicy:
         if catch_up is None or not step_seconds or catch_up[best][0] <= PROBE_SHARE * self.idle_seconds:
             self.idle_steps, self.idle_seconds = 0, 0.0
             chosen[best] = 1  # one draft
+            self._reprice_in = 0  # its verdict is priced next step
 
     def cut(self, num_drafts: list[int], confidence: list[list[float]], num_base_rows: int,
             context_lens: list[int] | None = None) -> list[int]:

@@ -89,7 +89,7 @@ class StepCostModel:
         self.frozen = False
         self.num_observed, self.predicted_seconds, self.observed_seconds = 0, 0.0, 0.0  # steps seen once ready
         self.version = 0  # the number of observations folded in
-        self._fit: tuple[int, Curve] | None = None  # (the version it was fitted at, the fit): see _known
+        self._fit: tuple | None = None  # (the version it was fitted at, the fit, its xs and ys as arrays): _known
         self._prior_curve: Curve | None = None  # the seed at every knot
 
     @classmethod
@@ -136,8 +136,8 @@ class StepCostModel:
 
     def _row_seconds(self, num_rows: np.ndarray) -> np.ndarray:  # [n] -> [n]
         """The rows' part of ``seconds_many``: the knots interpolated, extended past the last one."""
-        known = self._known()
-        xs, ys = np.array(known.xs, dtype=np.float64), np.array(known.ys, dtype=np.float64)
+        self._known()
+        xs, ys = self._fit[2], self._fit[3]
         out = np.interp(num_rows, xs, ys)  # flat outside [xs[0], xs[-1]]
         if len(xs) >= 2:
             slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
@@ -249,7 +249,9 @@ class StepCostModel:
         once the knot is known, so a fit a few steps old prices as a fresh one would, while the
         draft-length policy and ``observe`` read it every step)."""
         if self._fit is None or self.version - self._fit[0] >= REFIT_EVERY:
-            self._fit = (self.version, self._fit_known())
+            curve = self._fit_known()
+            self._fit = (self.version, curve, np.array(curve.xs, dtype=np.float64),
+                         np.array(curve.ys, dtype=np.float64))
         return self._fit[1]
 
     def _fit_known(self) -> "Curve":
