@@ -19,8 +19,9 @@ start-up work (timing a step, compiling the forward) and frees its blocks.
 With prefix caching (``prefix_cache.py``) blocks are reference-counted:
 ``match_prefix`` gives a new sequence the cached blocks of its prompt,
 ``cache_computed`` publishes a sequence's full computed blocks, and a freed
-block keeps its cached content until ``ensure`` reuses it (free blocks are
-reused least recently freed first).
+block keeps its cached content until ``ensure`` reuses it. Which free block ``ensure`` takes
+is ``free_blocks.py``'s order: blocks that hold nothing findable first, then blocks never used,
+then cached blocks least recently freed first, so resident memory follows the work.
 
 A drafter that keeps K/V in the blocks (``drafter_kv``) may compute a
 sequence's positions later than the target does (a chain drafter ingests a
@@ -39,13 +40,13 @@ computed it drafted nothing for that long).
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
 
 from ..sampling_params import SamplingParams
 from ..sequence import Sequence
 from .block_table import BlockTable
+from .free_blocks import FreeBlocks
 from .prefix_cache import PrefixCache, block_keys
 
 class PrefixHit(NamedTuple):
@@ -66,7 +67,7 @@ class BlockManager:
             raise ValueError(f"the KV cache holds no block of {block_size} tokens: raise kv_cache_memory_bytes")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self.free_blocks = FreeBlocks(num_blocks)
         self.ref_counts = [0] * num_blocks
         self.block_table = BlockTable()  # every sequence's block ids, as one tensor
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
@@ -79,7 +80,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_block_ids)
+        return len(self.free_blocks)
 
     @property
     def usage(self) -> float:
@@ -127,7 +128,7 @@ class BlockManager:
             blocks, hit = self._drafter_match(blocks)
         for block_id in blocks:
             if self.ref_counts[block_id] == 0:
-                del self.free_block_ids[block_id]
+                self.free_blocks.take(block_id)
             self.ref_counts[block_id] += 1
         seq.block_ids, seq.block_keys = blocks, keys[:len(blocks)]
         self.block_table.sync(seq)
@@ -189,7 +190,7 @@ class BlockManager:
         seq.block_keys.extend(keys)
 
     def _allocate(self) -> int:
-        block_id, _ = self.free_block_ids.popitem(last=False)
+        block_id = self.free_blocks.pop()
         if self.prefix_cache is not None:
             self.prefix_cache.evict(block_id)
         if self.drafter_ready is not None:
@@ -200,7 +201,7 @@ class BlockManager:
     def _release(self, block_id: int) -> None:
         self.ref_counts[block_id] -= 1
         if self.ref_counts[block_id] == 0:
-            self.free_block_ids[block_id] = None
+            self.free_blocks.push(block_id, self.prefix_cache is not None and self.prefix_cache.holds(block_id))
 
     @contextmanager
     def scratch(self, name: str, num_tokens: int, num_slots: int) -> Iterator[Sequence | None]:

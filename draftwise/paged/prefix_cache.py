@@ -12,7 +12,7 @@ token, so its keys take ``lookahead=1`` extra token.
 ``PrefixCache`` only maps keys to block ids; the ``BlockManager`` owns
 reference counts, the free list and the hit counters. A cached block stays
 findable after its last user frees it, until the block manager hands it out
-again (LRU eviction: freed blocks are reused oldest first). Cached blocks are
+again (LRU eviction among cached blocks: ``free_blocks.py``). Cached blocks are
 never written: a sequence only writes positions at or past its
 ``num_computed_tokens``, which lie past its full computed blocks, and a
 lookup never covers a sequence's last token (it must be computed to sample).
@@ -71,6 +71,10 @@ class PrefixCache:
         key = self._key_of.pop(block_id, None)
         if key is not None:
             del self._block_of[key]
+
+    def holds(self, block_id: int) -> bool:
+        """Whether a lookup can find ``block_id``."""
+        return block_id in self._key_of
 
     def __len__(self) -> int:
         return len(self._block_of)
