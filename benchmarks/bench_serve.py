@@ -171,6 +171,7 @@ def start_all(args, methods: list[str], log_dir: str) -> dict[str, tuple[subproc
     """A server per method, one start-up at a time (a draftwise server times its steps at start-up,
     the step-cost model's seed; another server starting beside it would distort them)."""
     given, servers = json.loads(args.speculative_config), {}
+    given = {spec["method"]: spec for spec in (given if isinstance(given, list) else [given])}
     for method in methods:
         name, _, variant = method.partition(":")
         log = open(os.path.join(log_dir, f"{method.replace(':', '-')}.log"), "w")
@@ -178,8 +179,7 @@ def start_all(args, methods: list[str], log_dir: str) -> dict[str, tuple[subproc
             servers[method] = proc, port = start_llama_server(args, log)
             print(f"{method}: {args.llama_server} --parallel {max(args.concurrency)} {args.llama_server_args}")
         else:
-            spec = None if name == "none" else given if name == given.get("method") \
-                else {"method": name, "num_speculative_tokens": 5}
+            spec = None if name == "none" else given.get(name, {"method": name, "num_speculative_tokens": 5})
             extra = ("--no-enable-prefix-caching",) if variant == "nocache" else ()
             servers[method] = proc, port = start_server(args, spec, log, extra)
             print(f"{method}: speculative_config {spec}{' ' + ' '.join(extra) if extra else ''}")
@@ -218,7 +218,8 @@ def main() -> None:
     parser.add_argument("--workload", default="code-edit", help="one or more, comma-separated; NAME*T: T turns")
     parser.add_argument("--methods", default="none,ngram", help="none, speculative methods, llama-server")
     parser.add_argument("--speculative-config", default=json.dumps(NGRAM),
-                        help="JSON config used for the method it names (others: method and 5 drafts)")
+                        help="JSON config, or a JSON list of them, each used for the method it names "
+                        "(others: method and 5 drafts)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--min-requests", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
