@@ -23,8 +23,10 @@ IK_LLAMA_BENCH := $(IK_LLAMA)/bin/llama-bench
 LLAMA_SERVER := $(LLAMACPP)/bin/llama-server
 SMOLLM2_GGUF = $(shell $(PY) -c "from draftwise.models.loader import _smollm2_gguf; print(_smollm2_gguf())")
 SERVE_GGUF ?= $(HOME)/.cache/draftwise/smollm2-135m-q4_0.gguf
-SERVE_BENCH ?= --methods llama-server,none,ngram,suffix --workload 'chat,chat*4,code-edit,json' --concurrency 1,4,16 \
-	--min-requests 16 --max-tokens 128 --time-limit 120
+SERVE_SPECS ?= '[{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}, \
+	{"method": "eagle3", "model": "draftwise/SmolLM2-135M-Instruct-eagle3", "num_speculative_tokens": 3}]'
+SERVE_BENCH ?= --methods llama-server,none,ngram,suffix,eagle3 --speculative-config $(SERVE_SPECS) \
+	--workload 'chat,chat*4,code-edit,json' --concurrency 1,4,16 --min-requests 16 --max-tokens 128 --time-limit 120
 
 .PHONY: install demo test docs drafter bench gemma anchor bench-vs-vllm llamacpp bench-vs-llamacpp llama-bench \
 	ik-llama-bench bench-scale llama-server bench-vs-llamacpp-server bench-never-loses clean
@@ -142,6 +144,8 @@ $(SERVE_GGUF): | $(LLAMACPP)/.installed install
 bench-vs-llamacpp-server: install llama-server $(SERVE_GGUF)
 	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_serve.py --model $(SERVE_GGUF) \
 		--llama-server $(LLAMA_SERVER) $(SERVE_BENCH) --out benchmarks/results/serve-llamacpp-$$(date +%F).json
+	flock /tmp/draftwise-bench.lock $(PY) benchmarks/bench_serve.py --model $(SERVE_GGUF) --temperature 0.8 \
+		--llama-server $(LLAMA_SERVER) $(SERVE_BENCH) --out benchmarks/results/serve-llamacpp-sampled-$$(date +%F).json
 
 # every method beside plain decoding on both files (benchmarks/bench_never_loses.py)
 bench-never-loses: install $(SERVE_GGUF)
