@@ -20,14 +20,11 @@ namespace draftwise_gguf {
 
 // kGroup units of one activation row. `q` holds the units in slot order (kSlot). Lane k of `d` /
 // `ds` belongs to half k / kGroup (values 0-15 or 16-31) of unit k % kGroup: d = the unit's scale,
-// ds = d * sum(q) over the half. Per unit j: qsum = sum(q) over the whole unit (exact), dsum = d *
-// qsum (for weights whose offset covers the whole unit).
+// ds = d * sum(q) over the half.
 struct alignas(64) ActGroup {
   int8_t q[kGroup][kUnit];
   float d[2 * kGroup];
   float ds[2 * kGroup];
-  int32_t qsum[kGroup];
-  float dsum[kGroup];
 };
 
 // One unit: q[i] = round(src[i] * 127 / max|src|) (ties to even), sum[h] = the sum of half h's q;
@@ -88,8 +85,6 @@ void quantize_rows(const In* x, int64_t num_rows, int64_t in_features, int64_t n
       int32_t sum[2];
       const float d = quantize_unit(src, g.q[kSlot[j]], sum) / 127.f;
       for (int h = 0; h < 2; ++h) g.d[h * kGroup + j] = d, g.ds[h * kGroup + j] = d * static_cast<float>(sum[h]);
-      g.qsum[j] = sum[0] + sum[1];
-      g.dsum[j] = d * static_cast<float>(g.qsum[j]);
     }
 }
 

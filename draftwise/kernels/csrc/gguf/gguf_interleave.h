@@ -15,10 +15,8 @@
 //
 // The kernel: for each unit, its chunks' codes against each activation row's 4 matching int8
 // values broadcast to every lane (vpdpbusd), the unit's int32 dot per output converted and scaled
-// by d_w * d_a. A code offset that is a whole number of steps (Q4_0's -8, Q5_0's -16, Q8_0's -128 of
-// its codes biased to unsigned) starts the integer dot at offset * sum(q), exact; Q4_1's m_w adds
-// m_w * d_a * sum(q) in float. Every row runs the same operations in the same order whatever rows
-// share the call (batch invariance).
+// by d_w * d_a, plus the offset m_w * d_a * sum(q). Every row runs the same operations in the same
+// order whatever rows share the call (batch invariance).
 #pragma once
 
 #include "gguf_act.h"
@@ -51,11 +49,6 @@ constexpr bool interleaved(int64_t out_features) {
 
 template <int64_t T>
 constexpr int64_t num_chunks() { return T == kQ8_0 ? 8 : 4; }  // 64-byte code chunks per unit segment
-
-// The integer offset of T's unsigned codes (Q8_0's signed codes are read biased by 128); Q4_1's
-// offset is a float of its own (0 here).
-template <int64_t T>
-constexpr int32_t code_offset() { return T == kQ4_0 ? -8 : T == kQ5_0 ? -16 : T == kQ8_0 ? -128 : 0; }
 
 template <int64_t T>
 constexpr int64_t code_bytes() { return num_chunks<T>() * 64 + (T == kQ5_0 ? 64 : 0); }  // Q5_0: + high-bit masks
@@ -98,9 +91,8 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
   for (int64_t u = 0; u < num_units; ++u) {
     const uint8_t* seg = block + u * kBlockCols * B;
     const int64_t g = u / kGroup, j = u % kGroup, slot = kSlot[j];
-    __m512i dot[rows];  // from the integer offset, code_offset<T>() * sum(q) (0 for Q4_1)
-    for (int64_t m = 0; m < rows; ++m)
-      dot[m] = _mm512_set1_epi32(code_offset<T>() * act[m * num_groups + g].qsum[j]);
+    __m512i dot[rows];
+    for (int64_t m = 0; m < rows; ++m) dot[m] = _mm512_setzero_si512();
     for (int64_t k = 0; k < num_chunks<T>(); ++k) {
       const __m512i raw = _mm512_loadu_si512(seg + 64 * k);
       if (T == kQ8_0) {
@@ -130,15 +122,18 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + code_bytes<T>())));
-    __m512 min = _mm512_setzero_ps();  // Q4_1's m
-    if constexpr (T == kQ4_1) {
-      min = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + code_bytes<T>() + 32)));
+    __m512 offset;
+    if (T == kQ4_1) {
+      offset = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + code_bytes<T>() + 32)));
+    } else {
+      offset = opaque(_mm512_mul_ps(d, _mm512_set1_ps(T == kQ4_0 ? -8.f : T == kQ5_0 ? -16.f : -128.f)));
     }
     for (int64_t m = 0; m < rows; ++m) {
       const ActGroup& a = act[m * num_groups + g];
       const __m512 scale = opaque(_mm512_mul_ps(d, _mm512_set1_ps(a.d[j])));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m]), scale, acc[m]);
-      if constexpr (T == kQ4_1) acc[m] = _mm512_fmadd_ps(min, _mm512_set1_ps(a.dsum[j]), acc[m]);
+      acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.ds[j]), acc[m]);
+      acc[m] = _mm512_fmadd_ps(offset, _mm512_set1_ps(a.ds[kGroup + j]), acc[m]);
     }
   }
   for (int64_t m = 0; m < rows; ++m) _mm512_storeu_ps(out + m * ld, acc[m]);
