@@ -16,7 +16,8 @@ into a number of blocks, allocates one tensor per member,
 ``spare_block``) is never handed out: rows that must write K/V somewhere but belong to no
 sequence (the padding rows of a CUDA graph's fixed-shape step) write there. On CPU the tensors
 are zero pages that the OS maps when first written (``calloc``), so a large pool costs neither
-start-up time nor resident memory until sequences fill it.
+start-up time nor resident memory until sequences fill it, and blocks already touched are handed
+out again before new ones (``free_blocks.py``).
 """
 from __future__ import annotations
 
