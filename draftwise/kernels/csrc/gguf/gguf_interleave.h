@@ -33,6 +33,8 @@ namespace draftwise_gguf {
 
 constexpr int64_t kBlockCols = 16;  // outputs per column block
 constexpr int64_t kBlockRows = 8;   // activation rows per pass over a block
+// How far ahead of the unit being computed a multi-row call asks for weights (prefetch_weights).
+constexpr int64_t kPrefetchBytes = 2048;
 
 // Whether a weight of type T with this many outputs is stored interleaved when repacked (the
 // k-quants' layout: gguf_interleave_k.h).
@@ -80,6 +82,13 @@ void interleave_block(const uint8_t* src, int64_t row_bytes, int64_t num_units, 
 }
 
 #if defined(DRAFTWISE_GGUF_INTERLEAVED)
+// Asks for `bytes` of weights from p on, a cache line at a time. A call of several rows computes
+// long enough per weight byte that the hardware prefetcher alone leaves memory idle between bursts;
+// one row is bound by memory bandwidth and is left to the hardware.
+inline void prefetch_weights(const uint8_t* p, int64_t bytes) {
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line, 0, 3);
+}
+
 // out[m * ld + c] = dot of row m (< rows <= kBlockRows) of `act` with output c of the block.
 template <int64_t T, int64_t rows>
 void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int64_t num_groups,
@@ -90,6 +99,7 @@ void dot_block(const uint8_t* block, int64_t num_units, const ActGroup* act, int
   const __m512i mask = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t u = 0; u < num_units; ++u) {
     const uint8_t* seg = block + u * kBlockCols * B;
+    if constexpr (rows > 1) prefetch_weights(seg + kPrefetchBytes, kBlockCols * B);
     const int64_t g = u / kGroup, j = u % kGroup, slot = kSlot[j];
     __m512i dot[rows];
     for (int64_t m = 0; m < rows; ++m) dot[m] = _mm512_setzero_si512();

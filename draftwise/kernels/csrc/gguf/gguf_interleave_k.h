@@ -173,8 +173,10 @@ void dot_k_block(const uint8_t* block, int64_t num_units, const ActGroup* act, i
     const __m512 dmin = T == kQ6_K ? d
         : _mm512_sub_ps(_mm512_setzero_ps(),
                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(seg + 32))));
+    if constexpr (rows > 1) prefetch_weights(seg + kPrefetchBytes, k_codes_at<T>());
     for (int64_t s = 0; s < 8; ++s) {
       const uint8_t* unit = seg + k_codes_at<T>() + s * k_unit_bytes<T>();
+      if constexpr (rows > 1) prefetch_weights(unit + kPrefetchBytes, k_unit_bytes<T>());
       const int64_t u = sb * 8 + s, g = u / kGroup, j = u % kGroup, slot = kSlot[j];
       // One integer dot per half (lo, hi) even where one scale serves both (then summed after): two
       // independent multiply-add chains instead of one of eight. Integer sums: the same result.
