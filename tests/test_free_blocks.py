@@ -37,6 +37,15 @@ def test_recently_freed_blocks_come_back_first_and_a_hit_takes_a_cached_block():
         free.take(ids[3])
 
 
+def test_a_cached_block_replaced_in_the_cache_is_reused_first():
+    free = FreeBlocks(3)
+    ids = [free.pop() for _ in range(2)]
+    free.push(ids[0], cached=True)
+    free.push(ids[1], cached=True)
+    free.forget(ids[1])  # the prefix cache took another block for its prefix
+    assert len(free) == 3 and free.pop() == ids[1] and free.pop() == 2 and free.pop() == ids[0]
+
+
 def _serve_one_by_one(llm: LLM, prompts: list[str]) -> list[int]:
     """Blocks touched after each request, the requests run one at a time."""
     touched = []

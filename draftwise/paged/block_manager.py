@@ -178,7 +178,9 @@ class BlockManager:
         cached = self.prefix_cache.block_of(key)
         replace = (cached is not None and self.drafter_ready is not None
                    and self.drafter_ready[block_id] and not self.drafter_ready[cached])
-        self.prefix_cache.insert(key, block_id, replace)
+        replaced = self.prefix_cache.insert(key, block_id, replace)
+        if replaced is not None and self.ref_counts[replaced] == 0:
+            self.free_blocks.forget(replaced)  # free and no longer findable: reused first
 
     def _publish(self, seq: Sequence, num_full: int) -> None:
         done = len(seq.block_keys)

@@ -14,7 +14,8 @@ hands out, in this order:
 So resident KV grows with the tokens a server holds at once plus what its prefix cache keeps
 (bounded by the pool's size), never with the tokens it has served. Whether a freed block is
 cached is decided when it is freed (``push``); a cached free block leaves the list when a prefix
-hit claims it (``take``) or when it is handed out again.
+hit claims it (``take``) or when it is handed out again, and moves to the first kind when the
+prefix cache takes another block in its place (``forget``).
 """
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ class FreeBlocks:
             self._cached[block_id] = None
         else:
             self._reusable.append(block_id)
+
+    def forget(self, block_id: int) -> None:
+        """The free cached block ``block_id`` is no longer findable (the prefix cache took another
+        block for its prefix): it is reused first, like any block holding nothing findable."""
+        del self._cached[block_id]
+        self._reusable.append(block_id)
 
     def take(self, block_id: int) -> None:
         """A prefix hit claims the free cached block ``block_id``."""

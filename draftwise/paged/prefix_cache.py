@@ -53,18 +53,19 @@ class PrefixCache:
     def block_of(self, key: int) -> int | None:
         return self._block_of.get(key)
 
-    def insert(self, key: int, block_id: int, replace: bool = False) -> None:
+    def insert(self, key: int, block_id: int, replace: bool = False) -> int | None:
         """Cache ``block_id`` under ``key`` unless another block already holds that prefix (with
-        ``replace``: in its place; the other block is then no longer found)."""
+        ``replace``: in its place; the other block is then no longer found, and its id is returned)."""
         if block_id in self._key_of:
-            return
+            return None
         old = self._block_of.get(key)
         if old is not None:
             if not replace:
-                return
+                return None
             del self._key_of[old]
         self._block_of[key] = block_id
         self._key_of[block_id] = key
+        return old
 
     def evict(self, block_id: int) -> None:
         """``block_id`` is about to hold other tokens: forget what it held."""
